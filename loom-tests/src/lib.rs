@@ -1,0 +1,1 @@
+//! Loom models of shardwheel (see tests/).
