@@ -1,8 +1,41 @@
 //! shardwheel: a timer engine for servers that keep millions of timeouts in flight.
 //!
-//! The building block is [`wheel::Wheel`], a single-threaded hierarchical timing wheel with
-//! O(1) insert and removal and O(levels) next-expiration.
+//! Request deadlines, idle-connection timeouts, heartbeats and retries are mostly cancelled or
+//! pushed back before they fire, so scheduling, cancelling and resetting must be nearly free and
+//! must scale with cores. shardwheel keeps one hierarchical timing wheel per core ([`wheel`]),
+//! each owned by one pinned thread; other threads reach it through lock-free queues, and
+//! expired tasks run on a rayon pool.
+//!
+//! ```
+//! use shardwheel::{Timer, TimerState};
+//! use std::time::Duration;
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let timer = Timer::new()?;
+//! let handle = timer.schedule(Duration::from_secs(10), || println!("timed out"))?;
+//! assert!(handle.reset(Duration::from_secs(20))); // activity: push the deadline back
+//! assert!(handle.cancel());
+//! assert_eq!(handle.state(), TimerState::Cancelled);
+//! # Ok(())
+//! # }
+//! ```
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
+mod clock;
+pub mod design;
+mod engine;
+mod error;
+mod stats;
+pub mod sync;
+mod task;
+mod timer;
 pub mod wheel;
+
+pub use clock::Clock;
+pub use engine::executor::Executor;
+pub use engine::handle::TimerHandle;
+pub use engine::shard::UnfiredTimer;
+pub use engine::slot::TimerState;
+pub use error::{BuildError, ScheduleError};
+pub use stats::{ShardStats, Stats};
+pub use timer::{Builder, Timer};

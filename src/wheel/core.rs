@@ -33,14 +33,24 @@ pub(crate) struct Links {
 
 impl Links {
     /// Links of an entry that is in no list.
-    pub(crate) const UNLINKED: Links = Links { deadline: 0, prev: UNLINKED, next: NONE };
+    pub(crate) const UNLINKED: Links = Links {
+        deadline: 0,
+        prev: UNLINKED,
+        next: NONE,
+    };
 
     /// Whether the entry is stored in the wheel.
     pub(crate) fn is_linked(&self) -> bool {
         self.prev != UNLINKED
     }
 
-    /// The deadline tick the entry was stored with (meaningful while linked).
+    /// Marks the entry as in no list, keeping its last deadline for the owner to read.
+    fn mark_unlinked(&mut self) {
+        self.prev = UNLINKED;
+        self.next = NONE;
+    }
+
+    /// The deadline tick the entry was last stored with (kept after it leaves the wheel).
     pub(crate) fn deadline(&self) -> u64 {
         self.deadline
     }
@@ -52,7 +62,11 @@ impl Links {
 
     /// Links of a vacant slab entry whose free-list successor is `next`.
     pub(crate) fn vacant(next: u32) -> Links {
-        Links { deadline: 0, prev: UNLINKED, next }
+        Links {
+            deadline: 0,
+            prev: UNLINKED,
+            next,
+        }
     }
 
     /// The end-of-list marker for free lists.
@@ -83,7 +97,11 @@ enum Location {
 
 /// Mask of the low `bits` bits (all bits when `bits >= 64`).
 fn low_mask(bits: u32) -> u64 {
-    if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 }
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    }
 }
 
 /// The level holding `deadline` when the wheel is at `elapsed`: the level of the highest bit in
@@ -110,10 +128,20 @@ pub(crate) struct WheelCore {
 impl WheelCore {
     /// A wheel with `levels` levels (1..=MAX_LEVELS, checked by the caller) at tick 0.
     pub(crate) fn new(levels: usize) -> WheelCore {
-        debug_assert!((1..=MAX_LEVELS).contains(&levels), "bad level count {levels}");
+        debug_assert!(
+            (1..=MAX_LEVELS).contains(&levels),
+            "bad level count {levels}"
+        );
         WheelCore {
             elapsed: 0,
-            levels: vec![Level { occupied: 0, heads: [NONE; SLOTS_PER_LEVEL] }; levels].into(),
+            levels: vec![
+                Level {
+                    occupied: 0,
+                    heads: [NONE; SLOTS_PER_LEVEL]
+                };
+                levels
+            ]
+            .into(),
             overflow_head: NONE,
             overflow_min: u64::MAX,
             len: 0,
@@ -150,7 +178,10 @@ impl WheelCore {
     /// Stores entry `index` (which must be unlinked) to expire at `deadline`. A deadline before
     /// the current tick is stored at the current tick: it expires at the next advance.
     pub(crate) fn insert<S: LinkStore>(&mut self, store: &mut S, index: u32, deadline: u64) {
-        debug_assert!(index <= MAX_INDEX, "index {index} collides with list markers");
+        debug_assert!(
+            index <= MAX_INDEX,
+            "index {index} collides with list markers"
+        );
         debug_assert!(
             !store.links(index).is_linked(),
             "entry {index} inserted while already in the wheel"
@@ -158,7 +189,11 @@ impl WheelCore {
         let deadline = deadline.max(self.elapsed);
         let location = self.location_for(deadline);
         let head = *self.head_mut(location);
-        *store.links_mut(index) = Links { deadline, prev: NONE, next: head };
+        *store.links_mut(index) = Links {
+            deadline,
+            prev: NONE,
+            next: head,
+        };
         if head != NONE {
             store.links_mut(head).prev = index;
         }
@@ -180,7 +215,11 @@ impl WheelCore {
         // changes level without being re-inserted (see `process`).
         let location = self.location_for(links.deadline);
         if links.prev == NONE {
-            debug_assert_eq!(*self.head_mut(location), index, "entry {index} is not its list's head");
+            debug_assert_eq!(
+                *self.head_mut(location),
+                index,
+                "entry {index} is not its list's head"
+            );
             *self.head_mut(location) = links.next;
             if links.next == NONE {
                 if let Location::Slot { level, slot } = location {
@@ -193,7 +232,7 @@ impl WheelCore {
         if links.next != NONE {
             store.links_mut(links.next).prev = links.prev;
         }
-        *store.links_mut(index) = Links::UNLINKED;
+        store.links_mut(index).mark_unlinked();
         self.len -= 1;
         true
     }
@@ -235,14 +274,15 @@ impl WheelCore {
 
     /// Moves the wheel to tick `now`, calling `on_expired(store, index)` for every entry whose
     /// deadline is at or before `now`, in deadline order. The entry is already unlinked when the
-    /// callback runs. Returns how many entries expired. `now` before the current tick only
-    /// expires what is due at the current tick.
+    /// callback runs. Returns how many entries expired. A `now` before the current tick counts
+    /// as the current tick (time never moves back; entries due at it still expire).
     pub(crate) fn advance_to<S: LinkStore>(
         &mut self,
         store: &mut S,
         now: u64,
         mut on_expired: impl FnMut(&mut S, u32),
     ) -> usize {
+        let now = now.max(self.elapsed);
         let mut expired = 0;
         while let Some((due, location)) = self.next_due() {
             if due > now {
@@ -263,7 +303,11 @@ impl WheelCore {
         location: Location,
         on_expired: &mut impl FnMut(&mut S, u32),
     ) -> usize {
-        debug_assert!(due >= self.elapsed, "time went backwards: {due} < {}", self.elapsed);
+        debug_assert!(
+            due >= self.elapsed,
+            "time went backwards: {due} < {}",
+            self.elapsed
+        );
         self.elapsed = due;
         let mut cursor = std::mem::replace(self.head_mut(location), NONE);
         match location {
@@ -273,10 +317,13 @@ impl WheelCore {
         let mut expired = 0;
         while cursor != NONE {
             let links = *store.links(cursor);
-            *store.links_mut(cursor) = Links::UNLINKED;
+            store.links_mut(cursor).mark_unlinked();
             self.len -= 1;
             if links.deadline <= due {
-                debug_assert_eq!(links.deadline, due, "entry {cursor} expired late inside the wheel");
+                debug_assert_eq!(
+                    links.deadline, due,
+                    "entry {cursor} expired late inside the wheel"
+                );
                 expired += 1;
                 on_expired(store, cursor);
             } else {
@@ -293,7 +340,11 @@ impl WheelCore {
     }
 
     /// Unlinks every stored entry, calling `on_removed(store, index)` for each (any order).
-    pub(crate) fn drain<S: LinkStore>(&mut self, store: &mut S, mut on_removed: impl FnMut(&mut S, u32)) {
+    pub(crate) fn drain<S: LinkStore>(
+        &mut self,
+        store: &mut S,
+        mut on_removed: impl FnMut(&mut S, u32),
+    ) {
         let mut heads: Vec<u32> = Vec::new();
         for level in self.levels.iter_mut() {
             let mut occupied = std::mem::take(&mut level.occupied);
@@ -308,7 +359,7 @@ impl WheelCore {
         for mut cursor in heads {
             while cursor != NONE {
                 let next = store.links(cursor).next;
-                *store.links_mut(cursor) = Links::UNLINKED;
+                store.links_mut(cursor).mark_unlinked();
                 self.len -= 1;
                 on_removed(store, cursor);
                 cursor = next;

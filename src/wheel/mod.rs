@@ -58,8 +58,8 @@
 
 pub(crate) mod core;
 
-use self::core::{LinkStore, Links, MAX_INDEX, WheelCore};
 pub use self::core::{DEFAULT_LEVELS, MAX_LEVELS, SLOTS_PER_LEVEL};
+use self::core::{LinkStore, Links, MAX_INDEX, WheelCore};
 
 use std::fmt;
 
@@ -122,7 +122,10 @@ impl<T> Slab<T> {
     /// Takes the value out of an entry the wheel has already unlinked, and frees the entry.
     fn release(&mut self, index: u32) -> (EntryKey, T) {
         let entry = &mut self.entries[index as usize];
-        let key = EntryKey { index, generation: entry.generation };
+        let key = EntryKey {
+            index,
+            generation: entry.generation,
+        };
         let value = entry.value.take().expect("a linked entry holds a value");
         entry.generation = entry.generation.wrapping_add(1);
         entry.links = Links::vacant(self.free_head);
@@ -173,7 +176,13 @@ impl<T> fmt::Debug for Wheel<T> {
 impl<T> Wheel<T> {
     /// An empty wheel with [`DEFAULT_LEVELS`] levels, at tick 0.
     pub fn new() -> Wheel<T> {
-        Wheel { core: WheelCore::new(DEFAULT_LEVELS), slab: Slab { entries: Vec::new(), free_head: Links::END } }
+        Wheel {
+            core: WheelCore::new(DEFAULT_LEVELS),
+            slab: Slab {
+                entries: Vec::new(),
+                free_head: Links::END,
+            },
+        }
     }
 
     /// An empty wheel with `levels` levels of 64 slots (1 to [`MAX_LEVELS`]), at tick 0.
@@ -182,7 +191,13 @@ impl<T> Wheel<T> {
         if !(1..=MAX_LEVELS).contains(&levels) {
             return Err(WheelError::InvalidLevels { levels });
         }
-        Ok(Wheel { core: WheelCore::new(levels), slab: Slab { entries: Vec::new(), free_head: Links::END } })
+        Ok(Wheel {
+            core: WheelCore::new(levels),
+            slab: Slab {
+                entries: Vec::new(),
+                free_head: Links::END,
+            },
+        })
     }
 
     /// The current tick: every deadline before it has been handed out.
@@ -213,11 +228,18 @@ impl<T> Wheel<T> {
             if index > MAX_INDEX as usize {
                 return Err(WheelError::Full);
             }
-            self.slab.entries.push(SlabEntry { links: Links::UNLINKED, generation: 0, value: Some(value) });
+            self.slab.entries.push(SlabEntry {
+                links: Links::UNLINKED,
+                generation: 0,
+                value: Some(value),
+            });
             index as u32
         };
         self.core.insert(&mut self.slab, index, deadline);
-        Ok(EntryKey { index, generation: self.slab.entries[index as usize].generation })
+        Ok(EntryKey {
+            index,
+            generation: self.slab.entries[index as usize].generation,
+        })
     }
 
     fn live(&self, key: EntryKey) -> bool {
@@ -240,7 +262,8 @@ impl<T> Wheel<T> {
 
     /// The deadline tick of a stored entry (clamped to the tick at which it was inserted).
     pub fn deadline(&self, key: EntryKey) -> Option<u64> {
-        self.live(key).then(|| self.slab.entries[key.index as usize].links.deadline())
+        self.live(key)
+            .then(|| self.slab.entries[key.index as usize].links.deadline())
     }
 
     /// The tick at which the wheel next has work (an entry expires, or moves down a level): the

@@ -1,0 +1,206 @@
+//! [`Engine`]: the shards, their threads (or their manual driver), submission and shutdown.
+
+use super::executor::Dispatch;
+use super::handle::TimerHandle;
+use super::inbox::PushOutcome;
+use super::message::Message;
+use super::shard::{Handoff, PendingLimit, ShardCore, ShardShared, UnfiredTimer};
+use super::worker;
+use crate::clock::TickClock;
+use crate::error::ScheduleError;
+use crate::stats::{self, Stats};
+use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock, thread};
+use crate::task::Task;
+
+/// How the shards' cores are driven.
+pub(crate) enum Drive {
+    /// Each core lives on its own worker thread (the default).
+    Threads(Mutex<Vec<thread::JoinHandle<Option<ShardCore>>>>),
+    /// No threads: a manual clock's `advance` drives each core in turn.
+    ByHand(Box<[Mutex<Option<ShardCore>>]>),
+}
+
+/// Everything a [`Timer`](crate::Timer) is: shared by its clones, its workers and its driver.
+pub(crate) struct Engine {
+    pub(crate) shards: Box<[Arc<ShardShared>]>,
+    pub(crate) clock: TickClock,
+    pub(crate) dispatch: Dispatch,
+    pub(crate) limit: Option<Arc<PendingLimit>>,
+    pub(crate) drive: Drive,
+    closed: AtomicBool,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("shards", &self.shards.len())
+            .field("clock", &self.clock)
+            .finish()
+    }
+}
+
+impl Engine {
+    pub(crate) fn new(
+        shards: Box<[Arc<ShardShared>]>,
+        clock: TickClock,
+        dispatch: Dispatch,
+        limit: Option<Arc<PendingLimit>>,
+        drive: Drive,
+    ) -> Engine {
+        Engine {
+            shards,
+            clock,
+            dispatch,
+            limit,
+            drive,
+            closed: AtomicBool::new(false),
+        }
+    }
+
+    /// Schedules `task` at `deadline` (a tick) on this thread's home shard.
+    pub(crate) fn submit(&self, deadline: u64, task: Task) -> Result<TimerHandle, ScheduleError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ScheduleError::Shutdown);
+        }
+        if let Some(limit) = &self.limit {
+            if !limit.try_reserve() {
+                return Err(ScheduleError::Full);
+            }
+        }
+        let shard = &self.shards[worker::home_ordinal() % self.shards.len()];
+        let Some((index, generation)) = shard.slots.allocate() else {
+            if let Some(limit) = &self.limit {
+                limit.release(1);
+            }
+            return Err(ScheduleError::Full);
+        };
+        shard.slots.begin(index, generation);
+        shard
+            .counters
+            .scheduled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let handle = TimerHandle {
+            shard: shard.clone(),
+            index,
+            generation,
+        };
+        match shard.inbox.push(
+            Message::Schedule {
+                index,
+                deadline,
+                task,
+            },
+            deadline,
+        ) {
+            PushOutcome::Delivered => Ok(handle),
+            PushOutcome::Closed { drained } => {
+                // Shutdown raced us. Whoever moves the timer out of PENDING first decides:
+                // us (the schedule is rejected, undone, its task dropped unrun) or the
+                // shard's last sweep (the timer is among those `shutdown()` returns).
+                if !shard.slots.cancel(index, generation) {
+                    return Ok(handle);
+                }
+                shard
+                    .counters
+                    .scheduled
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(limit) = &self.limit {
+                    limit.release(1);
+                }
+                if drained {
+                    shard.discard_late_messages();
+                }
+                Err(ScheduleError::Shutdown)
+            }
+        }
+    }
+
+    /// Stops the engine: refuses new schedules, stops and joins the shard threads (except the
+    /// calling thread's own), and returns every timer that neither ran nor was cancelled.
+    /// Idempotent: later calls return nothing.
+    pub(crate) fn shutdown(&self) -> Vec<UnfiredTimer> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Vec::new();
+        }
+        for shard in self.shards.iter() {
+            shard.inbox.close();
+        }
+        let mut unfired = Vec::new();
+        match &self.drive {
+            Drive::Threads(workers) => {
+                let workers = std::mem::take(&mut *lock(workers));
+                for (shard, worker) in self.shards.iter().zip(workers) {
+                    let core = match worker::take_parked_core(shard) {
+                        // We are this shard's worker, inside user code: close it here; the
+                        // thread ends when that code returns.
+                        Some(core) => Some(core),
+                        None => worker.join().ok().flatten(),
+                    };
+                    if let Some(core) = core {
+                        unfired.extend(core.close());
+                    }
+                }
+            }
+            Drive::ByHand(cores) => {
+                for core in cores.iter() {
+                    let core = lock(core).take();
+                    if let Some(core) = core {
+                        unfired.extend(core.close());
+                    }
+                }
+            }
+        }
+        unfired
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has begun.
+    pub(crate) fn is_shut_down(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Manual clock: runs every shard until nothing is due by the clock's current time. Tasks
+    /// run (inline) or are handed to the pool outside the shard's lock.
+    pub(crate) fn drive(&self) {
+        let Drive::ByHand(cores) = &self.drive else {
+            return;
+        };
+        loop {
+            let mut progressed = false;
+            for (shard, slot) in self.shards.iter().zip(cores.iter()) {
+                let mut handoff = Handoff::default();
+                {
+                    let mut guard = lock(slot);
+                    let Some(core) = guard.as_mut() else { continue };
+                    shard.inbox.begin_drain();
+                    while core.drain_inbox(&mut handoff) > 0 {}
+                    core.expire(self.clock.now_tick(), &mut handoff);
+                    core.flush_counters();
+                }
+                progressed |= !handoff.expired.is_empty();
+                self.dispatch
+                    .run(std::mem::take(&mut handoff.expired), shard);
+                drop(handoff);
+            }
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    /// Timers pending now: exact under `max_pending`, else the sum of the shards' counters.
+    pub(crate) fn pending(&self) -> usize {
+        match &self.limit {
+            Some(limit) => limit.pending(),
+            None => self.stats().pending as usize,
+        }
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        stats::total(
+            self.shards
+                .iter()
+                .map(|shard| shard.counters.snapshot())
+                .collect(),
+        )
+    }
+}

@@ -1,0 +1,103 @@
+//! The user's side of a timer: [`TimerHandle`].
+
+use super::inbox::PushOutcome;
+use super::message::Message;
+use super::shard::ShardShared;
+use super::slot::{ResetOutcome, TimerState};
+use crate::sync::{Arc, thread};
+use std::fmt;
+use std::time::Duration;
+
+/// A handle to a scheduled timer: cancel it, push its deadline back, or ask its state.
+///
+/// Handles are cheap to clone and may be sent to and shared between threads. Dropping every
+/// handle detaches the timer: it still fires. A handle keeps only its own slot alive (not the
+/// engine): handles that outlive their [`Timer`](crate::Timer) are harmless, and report the
+/// timers that shutdown returned as [`TimerState::Cancelled`].
+pub struct TimerHandle {
+    pub(crate) shard: Arc<ShardShared>,
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+}
+
+impl TimerHandle {
+    /// Cancels the timer. Returns true iff this call prevented the task from running: false if
+    /// it already fired, or was cancelled before (by any handle, or by shutdown). O(1); the
+    /// task and bookkeeping are released by the owning shard at its next turn.
+    pub fn cancel(&self) -> bool {
+        let shard = &*self.shard;
+        if !shard.slots.cancel(self.index, self.generation) {
+            return false;
+        }
+        shard.count_cancelled(1);
+        if let PushOutcome::Closed { drained: true } = shard
+            .inbox
+            .push(Message::Cancel { index: self.index }, u64::MAX)
+        {
+            shard.discard_late_messages();
+        }
+        true
+    }
+
+    /// Moves the deadline to `delay` from now (earlier or later). Returns true iff the timer
+    /// was still pending, in which case it fires at the new deadline and not at the old one.
+    pub fn reset(&self, delay: Duration) -> bool {
+        let shard = &*self.shard;
+        let deadline = shard.clock.tick_after(delay);
+        loop {
+            match shard.slots.reset(self.index, self.generation) {
+                ResetOutcome::Accepted => break,
+                ResetOutcome::NotPending => return false,
+                ResetOutcome::Busy => {
+                    // A thousand resets of this timer are in flight: let the shard catch up.
+                    if shard.inbox.is_closed() {
+                        return false;
+                    }
+                    shard.inbox.wake();
+                    thread::yield_now();
+                }
+            }
+        }
+        let message = Message::Reset {
+            index: self.index,
+            generation: self.generation,
+            deadline,
+        };
+        if let PushOutcome::Closed { drained: true } = shard.inbox.push(message, deadline) {
+            shard.discard_late_messages();
+        }
+        true
+    }
+
+    /// The timer's state now.
+    pub fn state(&self) -> TimerState {
+        self.shard.slots.state(self.index, self.generation)
+    }
+}
+
+impl Clone for TimerHandle {
+    fn clone(&self) -> TimerHandle {
+        self.shard.slots.clone_handle(self.index);
+        TimerHandle {
+            shard: self.shard.clone(),
+            index: self.index,
+            generation: self.generation,
+        }
+    }
+}
+
+impl Drop for TimerHandle {
+    fn drop(&mut self) {
+        self.shard.slots.drop_handle(self.index);
+    }
+}
+
+impl fmt::Debug for TimerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TimerHandle")
+            .field("slot", &self.index)
+            .field("generation", &self.generation)
+            .field("state", &self.state())
+            .finish()
+    }
+}

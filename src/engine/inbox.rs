@@ -1,0 +1,221 @@
+//! A shard's inbox: the lock-free message queue plus the signal word that decides when a
+//! sleeping shard must be woken, and that closes the inbox at shutdown.
+//!
+//! # The signal word
+//!
+//! ```text
+//!  63                                   4      3        2       1      0
+//! +--------------------------------------+---------+--------+------+--------+
+//! | messages pushed since the last drain | DRAINED | CLOSED | LONG | PARKED |
+//! +--------------------------------------+---------+--------+------+--------+
+//! ```
+//!
+//! A submitter pushes its message, **then** adds one to the count (one read-modify-write that
+//! also returns the flags). The shard resets the count to zero before it drains, and parks
+//! only with a compare-and-swap that expects the count to still be zero. So either the shard's
+//! park fails (it drains again) or the submitter's add sees PARKED and decides whether to wake:
+//! no wake-up is lost, and no lock or fence is needed. See `loom-tests/` for the model.
+//!
+//! | shard parked with | a message wakes it when                          |
+//! |-------------------|--------------------------------------------------|
+//! | `LONG`            | always (the shard will not look again for long)  |
+//! | not `LONG`        | its deadline is before the shard's wake-up tick  |
+//!
+//! A shard parks "short" (at most [`DRAIN_INTERVAL`]) right after it processed messages, so a
+//! busy inbox costs one wake-up per interval, not one per message, and an idle engine none.
+//!
+//! At shutdown the shard sets CLOSED and drains; a submitter whose add sees CLOSED settles the
+//! race on the timer's own state word (see `Timer::schedule`). After its last drain the shard
+//! sets DRAINED; from then on late submitters empty the queue themselves.
+
+use super::message::Message;
+use crate::sync::{AtomicU64, OnceLock, Ordering, Queue, thread};
+use crossbeam_utils::CachePadded;
+use std::time::Duration;
+
+const PARKED: u64 = 1;
+const LONG: u64 = 1 << 1;
+const CLOSED: u64 = 1 << 2;
+const DRAINED: u64 = 1 << 3;
+const FLAGS: u64 = (1 << 4) - 1;
+const MESSAGE_ONE: u64 = 1 << 4;
+
+/// How long a shard that just processed messages sleeps at most before looking again.
+pub(crate) const DRAIN_INTERVAL: Duration = Duration::from_millis(1);
+
+/// What a push found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PushOutcome {
+    /// The shard will see the message.
+    Delivered,
+    /// The inbox was closed; `drained` says the shard has finished its last drain.
+    Closed {
+        /// The shard's last drain is over: the pusher must clean up after itself.
+        drained: bool,
+    },
+}
+
+/// What the shard's attempt to park found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ParkOutcome {
+    /// Parked and woke up again (by a message, by timeout, or spuriously).
+    Woke,
+    /// Messages arrived: drain again instead.
+    MessagesWaiting,
+    /// The inbox is closed: shut down.
+    Closed,
+}
+
+/// Where the shard's thread parks; loom has no timeouts, so there a timed park is a plain park.
+pub(crate) struct Parker {
+    thread: OnceLock<ThreadHandle>,
+}
+
+#[cfg(not(loom))]
+type ThreadHandle = std::thread::Thread;
+#[cfg(loom)]
+type ThreadHandle = loom::thread::Thread;
+
+impl Parker {
+    fn new() -> Parker {
+        Parker {
+            thread: OnceLock::new(),
+        }
+    }
+
+    fn unpark(&self) {
+        if let Some(thread) = self.thread.get() {
+            thread.unpark();
+        }
+    }
+
+    fn park(&self, timeout: Option<Duration>) {
+        #[cfg(not(loom))]
+        match timeout {
+            Some(timeout) => thread::park_timeout(timeout),
+            None => thread::park(),
+        }
+        #[cfg(loom)]
+        {
+            let _ = timeout;
+            thread::park();
+        }
+    }
+}
+
+/// A shard's inbox. See the [module documentation](self).
+pub(crate) struct Inbox {
+    queue: Queue<Message>,
+    signal: CachePadded<AtomicU64>,
+    /// When PARKED: the tick at which the shard wakes by itself.
+    wake_tick: AtomicU64,
+    parker: Parker,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("signal", &self.signal.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl Inbox {
+    pub(crate) fn new() -> Inbox {
+        Inbox {
+            queue: Queue::new(),
+            signal: CachePadded::new(AtomicU64::new(0)),
+            wake_tick: AtomicU64::new(u64::MAX),
+            parker: Parker::new(),
+        }
+    }
+
+    /// Called once by the thread that will drain this inbox, before it first parks.
+    pub(crate) fn register_current_thread(&self) {
+        let _ = self.parker.thread.set(thread::current());
+    }
+
+    /// Pushes a message whose deadline is `deadline_tick` (`u64::MAX` for none), waking the
+    /// shard if it sleeps past that deadline or sleeps long.
+    pub(crate) fn push(&self, message: Message, deadline_tick: u64) -> PushOutcome {
+        self.queue.push(message);
+        let old = self.signal.fetch_add(MESSAGE_ONE, Ordering::AcqRel);
+        if old & CLOSED != 0 {
+            return PushOutcome::Closed {
+                drained: old & DRAINED != 0,
+            };
+        }
+        if old & PARKED != 0
+            && (old & LONG != 0 || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
+        {
+            self.wake();
+        }
+        PushOutcome::Delivered
+    }
+
+    /// Wakes the shard if it is parked.
+    pub(crate) fn wake(&self) {
+        if self.signal.fetch_and(!(PARKED | LONG), Ordering::AcqRel) & PARKED != 0 {
+            self.parker.unpark();
+        }
+    }
+
+    /// The shard starts a drain: forget the count, then pop until empty.
+    pub(crate) fn begin_drain(&self) {
+        self.signal.fetch_and(FLAGS, Ordering::AcqRel);
+    }
+
+    /// Pops one message (shard, or a late submitter after DRAINED).
+    pub(crate) fn pop(&self) -> Option<Message> {
+        self.queue.pop()
+    }
+
+    /// Parks the shard until `wake_tick` (which `timeout` measures from now; `None` = no
+    /// deadline), unless messages arrived since [`begin_drain`](Self::begin_drain).
+    pub(crate) fn park(
+        &self,
+        wake_tick: u64,
+        timeout: Option<Duration>,
+        long: bool,
+    ) -> ParkOutcome {
+        self.wake_tick.store(wake_tick, Ordering::Relaxed);
+        let flags = if long { PARKED | LONG } else { PARKED };
+        let mut current = self.signal.load(Ordering::Acquire);
+        loop {
+            if current & CLOSED != 0 {
+                return ParkOutcome::Closed;
+            }
+            if current & !FLAGS != 0 {
+                return ParkOutcome::MessagesWaiting;
+            }
+            match self.signal.compare_exchange_weak(
+                current,
+                current | flags,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        self.parker.park(timeout);
+        self.signal.fetch_and(!(PARKED | LONG), Ordering::AcqRel);
+        ParkOutcome::Woke
+    }
+
+    /// Shutdown step 1: no message pushed from now on counts as delivered. Wakes the shard.
+    pub(crate) fn close(&self) {
+        self.signal.fetch_or(CLOSED, Ordering::AcqRel);
+        self.wake();
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.signal.load(Ordering::Acquire) & CLOSED != 0
+    }
+
+    /// Shutdown step 2, after the shard's drain: late pushers clean up after themselves.
+    pub(crate) fn mark_drained(&self) {
+        self.signal.fetch_or(DRAINED, Ordering::AcqRel);
+    }
+}

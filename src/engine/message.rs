@@ -1,0 +1,31 @@
+//! The messages other threads send a shard through its [`Inbox`](super::inbox::Inbox).
+
+use crate::task::Task;
+
+/// One request to the shard that owns slot `index`.
+#[derive(Debug)]
+pub(crate) enum Message {
+    /// Store the timer in slot `index` (already PENDING in the slot table) at `deadline`.
+    Schedule {
+        /// Slot of the new timer.
+        index: u32,
+        /// Deadline tick.
+        deadline: u64,
+        /// What to run.
+        task: Task,
+    },
+    /// The timer in slot `index` was cancelled: drop its task and links now.
+    Cancel {
+        /// Slot of the cancelled timer (the shard still holds it, so it cannot be reused).
+        index: u32,
+    },
+    /// Move the timer in slot `index` to `deadline` (one reset counted in its state word).
+    Reset {
+        /// Slot of the timer.
+        index: u32,
+        /// Generation of the timer: the slot may have been reused if the timer was cancelled.
+        generation: u32,
+        /// New deadline tick.
+        deadline: u64,
+    },
+}

@@ -1,0 +1,498 @@
+//! The shared half of every timer: one atomic state word per slot, in a table that any thread
+//! may read and that never moves or shrinks.
+//!
+//! # Who touches what
+//!
+//! A timer lives in a *slot* of its shard's [`SlotTable`]. The slot index and generation form the
+//! [`TimerHandle`](crate::TimerHandle). The slot's state word is the only memory that both the
+//! owning shard and other threads (submitters, cancellers, handle owners) touch; the timer's task
+//! and wheel links live in the shard's private table under the same index.
+//!
+//! # The state word
+//!
+//! ```text
+//!  63          34 33             13 12        3   2        1  0
+//! +--------------+-----------------+-----------+-------+---------+
+//! |  generation  |  handle count   |  resets   | SHARD | lifecyc |   occupied slot
+//! +--------------+-----------------+-----------+-------+---------+
+//! |  generation  |  next free slot + 1 (0 = none)      | FREE=0  |   free slot
+//! +--------------+-------------------------------------+---------+
+//! ```
+//!
+//! * `lifecycle`: FREE, PENDING, FIRED (handed to run), CANCELLED.
+//! * `SHARD`: the owning shard still holds the slot's private entry (task or links).
+//! * `resets`: resets that succeeded but whose message the shard has not applied yet.
+//! * `handle count`: live [`TimerHandle`](crate::TimerHandle)s.
+//!
+//! | from                      | event (by whom)                         | to                               |
+//! |---------------------------|-----------------------------------------|----------------------------------|
+//! | FREE                      | allocate + [`begin`] (submitter)        | PENDING, SHARD, 1 handle         |
+//! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message)|
+//! | PENDING                   | [`reset`] (any thread)                  | PENDING, resets + 1              |
+//! | any occupied              | [`reset_applied`] (shard)               | resets - 1                       |
+//! | PENDING, resets = 0       | [`fire`] (shard)                        | FIRED, SHARD cleared             |
+//! | PENDING, resets > 0       | [`fire`] (shard)                        | unchanged: the reset wins        |
+//! | CANCELLED                 | [`release_by_shard`] (shard)            | SHARD cleared                    |
+//! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list |
+//!
+//! Every transition is one compare-and-swap or read-modify-write of the word, so exactly one
+//! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot.
+//!
+//! # Reclamation
+//!
+//! Slots are stored in pages of doubling size that are allocated once and freed only when the
+//! table itself is dropped (when the engine and every handle are gone). A slot is reused only
+//! after its generation is bumped, so a stale reader sees a generation mismatch, never freed
+//! memory: this design needs no epoch-based reclamation.
+
+use crate::sync::{AtomicPtr, AtomicU64, Ordering};
+use crossbeam_utils::CachePadded;
+
+const LIFECYCLE_MASK: u64 = 0b11;
+const FREE: u64 = 0;
+const PENDING: u64 = 1;
+const FIRED: u64 = 2;
+const CANCELLED: u64 = 3;
+const SHARD: u64 = 1 << 2;
+const RESET_ONE: u64 = 1 << 3;
+const RESET_MASK: u64 = ((1 << 10) - 1) << 3;
+const HANDLE_ONE: u64 = 1 << 13;
+const HANDLE_MASK: u64 = ((1 << 21) - 1) << 13;
+const NEXT_FREE_SHIFT: u32 = 2;
+const NEXT_FREE_MASK: u64 = (u32::MAX as u64) << NEXT_FREE_SHIFT;
+const GENERATION_SHIFT: u32 = 34;
+/// Generations wrap at 2^30.
+const GENERATION_MASK: u32 = (1 << 30) - 1;
+
+/// Slots in the first page; page `k` holds `FIRST_PAGE << k`.
+const FIRST_PAGE: usize = 64;
+const FIRST_PAGE_BITS: u32 = FIRST_PAGE.trailing_zeros();
+/// Enough pages for 2^32 slots.
+const PAGES: usize = 27;
+/// The most slots a table hands out (indices must also fit the wheel's `u32` links).
+pub(crate) const MAX_SLOTS: u64 = crate::wheel::core::MAX_INDEX as u64 + 1;
+
+fn generation_of(word: u64) -> u32 {
+    (word >> GENERATION_SHIFT) as u32
+}
+
+fn lifecycle_of(word: u64) -> u64 {
+    word & LIFECYCLE_MASK
+}
+
+fn handles_of(word: u64) -> u64 {
+    (word & HANDLE_MASK) >> 13
+}
+
+fn resets_of(word: u64) -> u64 {
+    (word & RESET_MASK) >> 3
+}
+
+/// Whether nothing refers to an occupied slot any more, so it can be freed.
+fn is_unreferenced(word: u64) -> bool {
+    let lifecycle = lifecycle_of(word);
+    (lifecycle == FIRED || lifecycle == CANCELLED) && word & (SHARD | HANDLE_MASK) == 0
+}
+
+/// A timer's state as a handle sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TimerState {
+    /// Waiting for its deadline.
+    Pending,
+    /// Its deadline passed and its task was handed to run (it may still be running).
+    Expired,
+    /// It was cancelled (by a handle, or by shutdown); its task will never run.
+    Cancelled,
+}
+
+/// What [`SlotTable::fire`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FireOutcome {
+    /// The timer is now FIRED: run its task. `free` says the caller must free the slot.
+    Fire { free: bool },
+    /// A reset is in flight: keep the entry aside until its message arrives.
+    ResetInFlight,
+    /// A cancel won: its message will release the entry.
+    Cancelled,
+}
+
+/// What [`SlotTable::reset`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ResetOutcome {
+    /// Counted: send the reset message.
+    Accepted,
+    /// The timer is no longer pending.
+    NotPending,
+    /// Too many resets in flight: let the shard catch up and retry.
+    Busy,
+}
+
+/// The per-shard table of slot state words, with a lock-free free list.
+pub(crate) struct SlotTable {
+    /// Page `k` holds `FIRST_PAGE << k` words; null until first needed.
+    pages: [AtomicPtr<AtomicU64>; PAGES],
+    /// Head of the free list: `tag << 32 | (index + 1)`, 0 in the low half when empty. The tag
+    /// changes on every push and pop, so a stale compare-and-swap fails (no ABA).
+    free_head: CachePadded<AtomicU64>,
+    /// Slots never handed out start here.
+    next_fresh: CachePadded<AtomicU64>,
+}
+
+impl std::fmt::Debug for SlotTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotTable")
+            .field("allocated", &self.next_fresh.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+/// Page and offset of a slot index.
+fn locate(index: u32) -> (usize, usize) {
+    let shifted = index as u64 + FIRST_PAGE as u64;
+    let page = (63 - shifted.leading_zeros() - FIRST_PAGE_BITS) as usize;
+    let offset = (shifted - ((FIRST_PAGE as u64) << page)) as usize;
+    (page, offset)
+}
+
+fn page_len(page: usize) -> usize {
+    FIRST_PAGE << page
+}
+
+impl SlotTable {
+    pub(crate) fn new() -> SlotTable {
+        SlotTable {
+            pages: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
+            free_head: CachePadded::new(AtomicU64::new(0)),
+            next_fresh: CachePadded::new(AtomicU64::new(0)),
+        }
+    }
+
+    /// The state word of a slot that has been handed out (its page exists).
+    fn word(&self, index: u32) -> &AtomicU64 {
+        let (page, offset) = locate(index);
+        let base = self.pages[page].load(Ordering::Acquire);
+        debug_assert!(
+            !base.is_null(),
+            "slot {index} read before its page was allocated"
+        );
+        // SAFETY: `base` points to a live page of `page_len(page)` words: pages are installed
+        // before any index in them is handed out (see `allocate`), the Acquire load above
+        // synchronizes with their Release install, and they are freed only in `Drop`, which
+        // takes `&mut self`. `offset < page_len(page)` by construction of `locate`.
+        unsafe { &*base.add(offset) }
+    }
+
+    /// Makes sure page `page` exists.
+    fn ensure_page(&self, page: usize) {
+        if !self.pages[page].load(Ordering::Acquire).is_null() {
+            return;
+        }
+        let fresh: Box<[AtomicU64]> = (0..page_len(page)).map(|_| AtomicU64::new(FREE)).collect();
+        let fresh = Box::into_raw(fresh).cast::<AtomicU64>();
+        if self.pages[page]
+            .compare_exchange(
+                std::ptr::null_mut(),
+                fresh,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            // Another thread installed the page first.
+            // SAFETY: `fresh` came from `Box::into_raw` of a slice of this length just above
+            // and was never shared.
+            drop(unsafe {
+                Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, page_len(page)))
+            });
+        }
+    }
+
+    /// Takes a free slot: returns its index and generation. `None` when 2^32 - 2 slots are in use.
+    pub(crate) fn allocate(&self) -> Option<(u32, u32)> {
+        let mut head = self.free_head.load(Ordering::Acquire);
+        while head as u32 != 0 {
+            let index = head as u32 - 1;
+            // The word may change under us if another thread pops this slot first; then the
+            // tag in `free_head` has changed too and the exchange below fails.
+            let word = self.word(index).load(Ordering::Acquire);
+            let next = ((word & NEXT_FREE_MASK) >> NEXT_FREE_SHIFT) as u32;
+            let tag = (head >> 32).wrapping_add(1);
+            match self.free_head.compare_exchange_weak(
+                head,
+                tag << 32 | next as u64,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    debug_assert_eq!(
+                        lifecycle_of(word),
+                        FREE,
+                        "slot {index} on the free list is occupied"
+                    );
+                    return Some((index, generation_of(word)));
+                }
+                Err(actual) => head = actual,
+            }
+        }
+        let index = self.next_fresh.fetch_add(1, Ordering::Relaxed);
+        if index >= MAX_SLOTS {
+            self.next_fresh.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        let index = index as u32;
+        self.ensure_page(locate(index).0);
+        Some((index, 0))
+    }
+
+    /// Publishes a freshly allocated slot as a pending timer with one handle.
+    pub(crate) fn begin(&self, index: u32, generation: u32) {
+        let word = (generation as u64) << GENERATION_SHIFT | HANDLE_ONE | SHARD | PENDING;
+        self.word(index).store(word, Ordering::Release);
+    }
+
+    /// Puts an unreferenced slot back on the free list with the next generation.
+    fn free(&self, index: u32, word: u64) {
+        debug_assert!(
+            is_unreferenced(word),
+            "slot {index} freed while referenced: {word:#x}"
+        );
+        let generation = (generation_of(word).wrapping_add(1) & GENERATION_MASK) as u64;
+        let slot = self.word(index);
+        let mut head = self.free_head.load(Ordering::Acquire);
+        loop {
+            let next = (head as u32) as u64;
+            slot.store(
+                generation << GENERATION_SHIFT | next << NEXT_FREE_SHIFT | FREE,
+                Ordering::Relaxed,
+            );
+            let tag = (head >> 32).wrapping_add(1);
+            match self.free_head.compare_exchange_weak(
+                head,
+                tag << 32 | (index as u64 + 1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// Applies `change` to the word of an occupied slot of generation `generation` until it
+    /// sticks. `change` returns `None` to leave the word alone. Returns the old and new word.
+    fn update(
+        &self,
+        index: u32,
+        generation: u32,
+        mut change: impl FnMut(u64) -> Option<u64>,
+    ) -> Result<(u64, u64), u64> {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            if generation_of(word) != generation || lifecycle_of(word) == FREE {
+                return Err(word);
+            }
+            let Some(new) = change(word) else {
+                return Err(word);
+            };
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok((word, new)),
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// The timer's state as handle `(index, generation)` sees it.
+    pub(crate) fn state(&self, index: u32, generation: u32) -> TimerState {
+        let word = self.word(index).load(Ordering::Acquire);
+        debug_assert_eq!(
+            generation_of(word),
+            generation,
+            "slot {index} reused under a live handle"
+        );
+        match lifecycle_of(word) {
+            PENDING => TimerState::Pending,
+            FIRED => TimerState::Expired,
+            _ => TimerState::Cancelled,
+        }
+    }
+
+    /// PENDING -> CANCELLED. True iff this call did it (so the task will never run).
+    pub(crate) fn cancel(&self, index: u32, generation: u32) -> bool {
+        self.update(index, generation, |word| {
+            (lifecycle_of(word) == PENDING).then_some(word & !LIFECYCLE_MASK | CANCELLED)
+        })
+        .is_ok()
+    }
+
+    /// Counts a reset of a pending timer; the caller then sends the reset message.
+    pub(crate) fn reset(&self, index: u32, generation: u32) -> ResetOutcome {
+        let mut busy = false;
+        let result = self.update(index, generation, |word| {
+            if lifecycle_of(word) != PENDING {
+                return None;
+            }
+            busy = word & RESET_MASK == RESET_MASK;
+            (!busy).then_some(word + RESET_ONE)
+        });
+        match result {
+            Ok(_) => ResetOutcome::Accepted,
+            Err(_) if busy => ResetOutcome::Busy,
+            Err(_) => ResetOutcome::NotPending,
+        }
+    }
+
+    /// The shard applies one reset message. Returns whether the timer is still pending (the
+    /// shard then moves it), or `None` if the message is stale (the slot was reused).
+    pub(crate) fn reset_applied(&self, index: u32, generation: u32) -> Option<bool> {
+        match self.update(index, generation, |word| {
+            debug_assert!(
+                resets_of(word) > 0,
+                "reset message for slot {index} without a count"
+            );
+            Some(word - RESET_ONE)
+        }) {
+            Ok((old, _)) => Some(lifecycle_of(old) == PENDING),
+            Err(_) => None,
+        }
+    }
+
+    /// The shard's attempt to fire a slot it holds.
+    pub(crate) fn fire(&self, index: u32) -> FireOutcome {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            debug_assert!(
+                word & SHARD != 0,
+                "firing slot {index} the shard does not hold: {word:#x}"
+            );
+            match lifecycle_of(word) {
+                PENDING if resets_of(word) == 0 => {}
+                PENDING => return FireOutcome::ResetInFlight,
+                _ => return FireOutcome::Cancelled,
+            }
+            let new = word & !(LIFECYCLE_MASK | SHARD) | FIRED;
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    return FireOutcome::Fire {
+                        free: is_unreferenced(new),
+                    };
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Frees a slot the shard just fired with no handle left (see [`FireOutcome::Fire`]).
+    pub(crate) fn free_fired(&self, index: u32) {
+        let word = self.word(index).load(Ordering::Acquire);
+        self.free(index, word);
+    }
+
+    /// The shard lets go of a cancelled slot (after dropping its task); frees it if no handle
+    /// is left.
+    pub(crate) fn release_by_shard(&self, index: u32) {
+        let old = self.word(index).fetch_and(!SHARD, Ordering::AcqRel);
+        debug_assert!(old & SHARD != 0, "slot {index} released twice: {old:#x}");
+        debug_assert_eq!(
+            lifecycle_of(old),
+            CANCELLED,
+            "slot {index} released while not cancelled"
+        );
+        if is_unreferenced(old & !SHARD) {
+            self.free(index, old & !SHARD);
+        }
+    }
+
+    /// Shutdown: PENDING -> CANCELLED whatever the reset count. True iff this call did it.
+    pub(crate) fn cancel_for_shutdown(&self, index: u32) -> bool {
+        let word = self.word(index).load(Ordering::Acquire);
+        self.cancel(index, generation_of(word))
+    }
+
+    /// Another handle to the same timer.
+    pub(crate) fn clone_handle(&self, index: u32) {
+        let old = self.word(index).fetch_add(HANDLE_ONE, Ordering::Relaxed);
+        if handles_of(old) + 1 == HANDLE_MASK >> 13 {
+            // Like `Arc`, refuse to wrap the count: 2^21 clones of one handle is a leak.
+            std::process::abort();
+        }
+    }
+
+    /// A handle went away; frees the slot if nothing else refers to it.
+    pub(crate) fn drop_handle(&self, index: u32) {
+        let old = self.word(index).fetch_sub(HANDLE_ONE, Ordering::AcqRel);
+        debug_assert!(
+            handles_of(old) > 0,
+            "slot {index} lost more handles than it had"
+        );
+        let new = old - HANDLE_ONE;
+        if is_unreferenced(new) {
+            self.free(index, new);
+        }
+    }
+
+    /// Slots ever handed out (the private table's needed length).
+    #[cfg(test)]
+    pub(crate) fn allocated(&self) -> u64 {
+        self.next_fresh.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for SlotTable {
+    fn drop(&mut self) {
+        for (page, pointer) in self.pages.iter_mut().enumerate() {
+            let base = pointer.load(Ordering::Acquire);
+            if !base.is_null() {
+                // SAFETY: a non-null page pointer came from `Box::into_raw` of a slice of
+                // `page_len(page)` words in `ensure_page`; `&mut self` means no one else can
+                // use it any more, and it is freed only here.
+                drop(unsafe {
+                    Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, page_len(page)))
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locate_pages() {
+        assert_eq!(locate(0), (0, 0));
+        assert_eq!(locate(63), (0, 63));
+        assert_eq!(locate(64), (1, 0));
+        assert_eq!(locate(191), (1, 127));
+        assert_eq!(locate(192), (2, 0));
+        let (page, offset) = locate(u32::MAX - 2);
+        assert!(page < PAGES && offset < page_len(page));
+    }
+
+    #[test]
+    fn lifecycle_and_reuse() {
+        let table = SlotTable::new();
+        let (index, generation) = table.allocate().unwrap();
+        table.begin(index, generation);
+        assert_eq!(table.state(index, generation), TimerState::Pending);
+        assert!(table.cancel(index, generation));
+        assert!(!table.cancel(index, generation));
+        table.release_by_shard(index);
+        table.drop_handle(index);
+        let (again, next_generation) = table.allocate().unwrap();
+        assert_eq!(again, index);
+        assert_eq!(next_generation, generation + 1);
+        table.begin(again, next_generation);
+        assert!(
+            !table.cancel(index, generation),
+            "stale handle must not cancel"
+        );
+        assert_eq!(table.reset(again, next_generation), ResetOutcome::Accepted);
+        assert_eq!(table.fire(again), FireOutcome::ResetInFlight);
+        assert_eq!(table.reset_applied(again, next_generation), Some(true));
+        assert_eq!(table.fire(again), FireOutcome::Fire { free: false });
+        assert_eq!(table.state(again, next_generation), TimerState::Expired);
+        assert_eq!(table.allocated(), 1);
+    }
+}

@@ -1,0 +1,123 @@
+//! A shard's worker thread: drain the inbox, advance the wheel, hand off, sleep until the next
+//! deadline or until woken.
+
+use super::executor::Dispatch;
+use super::inbox::{DRAIN_INTERVAL, ParkOutcome};
+use super::shard::{DRAIN_BATCH, Handoff, ShardCore, ShardShared};
+use crate::sync::{Arc, thread_local};
+use std::cell::{Cell, RefCell};
+
+thread_local! {
+    /// While a worker thread runs user code (inline tasks, task drops), its core waits here,
+    /// so that a `shutdown()` called from that user code can take and close it.
+    static PARKED_CORE: RefCell<Option<ShardCore>> = const { RefCell::new(None) };
+    /// This thread's home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
+    static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+/// The ordinal this thread submits to (modulo the shard count): worker threads use their own
+/// shard, other threads are spread round-robin in the order they first schedule.
+pub(crate) fn home_ordinal() -> usize {
+    HOME.with(|home| {
+        let ordinal = home.get();
+        if ordinal != usize::MAX {
+            return ordinal;
+        }
+        static NEXT: crate::sync::statistics::AtomicUsize =
+            crate::sync::statistics::AtomicUsize::new(0);
+        let ordinal = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        home.set(ordinal);
+        ordinal
+    })
+}
+
+/// Takes the core of `shard` if this thread is its worker and is running user code.
+pub(crate) fn take_parked_core(shard: &Arc<ShardShared>) -> Option<ShardCore> {
+    PARKED_CORE.with(|parked| {
+        let mut parked = parked.borrow_mut();
+        match parked.as_ref() {
+            Some(core) if Arc::ptr_eq(&core.shared, shard) => parked.take(),
+            _ => None,
+        }
+    })
+}
+
+/// Runs and drops a turn's tasks with the core parked in [`PARKED_CORE`]. Returns the core,
+/// or `None` if user code shut the engine down and closed it meanwhile.
+pub(crate) fn hand_off(
+    core: ShardCore,
+    handoff: &mut Handoff,
+    dispatch: &Dispatch,
+) -> Option<ShardCore> {
+    let shared = core.shared.clone();
+    if let Dispatch::Pool(_) = dispatch {
+        if !handoff.expired.is_empty() {
+            dispatch.run(std::mem::take(&mut handoff.expired), &shared);
+        }
+        if handoff.dropped.is_empty() {
+            return Some(core);
+        }
+    }
+    PARKED_CORE.with(|parked| *parked.borrow_mut() = Some(core));
+    dispatch.run(std::mem::take(&mut handoff.expired), &shared);
+    handoff.dropped.clear();
+    PARKED_CORE.with(|parked| parked.borrow_mut().take())
+}
+
+/// The worker loop. Returns the core when the inbox is closed, for shutdown to close it; `None`
+/// if shutdown already took it (from user code running on this thread).
+pub(crate) fn run(
+    mut core: ShardCore,
+    dispatch: Dispatch,
+    ordinal: usize,
+    pin: Option<core_affinity::CoreId>,
+) -> Option<ShardCore> {
+    let shared = core.shared.clone();
+    shared.inbox.register_current_thread();
+    HOME.with(|home| home.set(ordinal));
+    if let Some(core_id) = pin {
+        let pinned = core_affinity::set_for_current(core_id);
+        shared
+            .counters
+            .pinned
+            .store(pinned, std::sync::atomic::Ordering::Relaxed);
+    }
+    let clock = &shared.clock;
+    let drain_ticks = clock.ticks_in(DRAIN_INTERVAL);
+    let mut handoff = Handoff::default();
+    let mut active = false;
+    loop {
+        shared.inbox.begin_drain();
+        let drained = core.drain_inbox(&mut handoff);
+        active |= drained > 0;
+        core.expire(clock.now_tick(), &mut handoff);
+        core.flush_counters();
+        if !handoff.is_empty() {
+            core = hand_off(core, &mut handoff, &dispatch)?;
+        }
+        if shared.inbox.is_closed() {
+            return Some(core);
+        }
+        if drained == DRAIN_BATCH {
+            continue;
+        }
+        let now = clock.now_tick();
+        let next = core.next_expiration().unwrap_or(u64::MAX);
+        if next <= now {
+            continue;
+        }
+        // Right after processing messages, look again within DRAIN_INTERVAL and let only
+        // urgent messages wake us; when quiet, sleep until the next deadline and let any
+        // message wake us.
+        let drain_tick = now.saturating_add(drain_ticks);
+        let (wake, long) = if active {
+            (next.min(drain_tick), false)
+        } else {
+            (next, next > drain_tick)
+        };
+        active = false;
+        if shared.inbox.park(wake, clock.until_tick(wake), long) == ParkOutcome::Closed {
+            return Some(core);
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! Typed errors of the engine.
+
+use std::fmt;
+
+/// Why [`Builder::build`](crate::Builder::build) refused a configuration.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// `shards(0)`: at least one shard is needed.
+    NoShards,
+    /// `tick(Duration::ZERO)`: the tick must be positive.
+    ZeroTick,
+    /// `levels(n)` outside `1..=MAX_LEVELS`.
+    InvalidLevels {
+        /// The level count asked for.
+        levels: usize,
+    },
+    /// A shard thread could not be started.
+    Spawn(std::io::Error),
+    /// The default rayon pool could not be built.
+    ThreadPool(String),
+}
+
+impl fmt::Display for BuildError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BuildError::NoShards => write!(f, "a timer needs at least one shard"),
+            BuildError::ZeroTick => write!(f, "the tick must be longer than zero"),
+            BuildError::InvalidLevels { levels } => write!(
+                f,
+                "a wheel needs 1 to {} levels, not {levels}",
+                crate::wheel::MAX_LEVELS
+            ),
+            BuildError::Spawn(error) => write!(f, "could not start a shard thread: {error}"),
+            BuildError::ThreadPool(error) => {
+                write!(f, "could not build the executor pool: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BuildError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            BuildError::Spawn(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// Why a timer was not scheduled. The task was dropped without running, and no counter moved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The engine is shut down.
+    Shutdown,
+    /// `max_pending` timers are pending (or a shard's 2^32 - 2 slots are all in use).
+    Full,
+}
+
+impl fmt::Display for ScheduleError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ScheduleError::Shutdown => write!(f, "the timer engine is shut down"),
+            ScheduleError::Full => {
+                write!(f, "the timer engine holds its maximum of pending timers")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ScheduleError {}

@@ -1,0 +1,254 @@
+//! What the engine counts: totals and per shard, read with [`Timer::stats`](crate::Timer::stats).
+//!
+//! Counters are local to whoever does the work and summed on demand: submitters count
+//! schedules, cancellers count cancels, each shard counts fires, resets and lateness in plain
+//! fields and flushes them once per turn with `Relaxed` stores.
+
+use crate::sync::statistics::{AtomicBool, AtomicU64};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Counters of one shard.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardStats {
+    /// Timers accepted by `schedule` (rejected schedules are not counted).
+    pub scheduled: u64,
+    /// Timers whose task was handed to run.
+    pub fired: u64,
+    /// Timers cancelled, by a handle or by shutdown.
+    pub cancelled: u64,
+    /// Successful resets.
+    pub reset: u64,
+    /// Tasks that panicked (caught; the engine carried on).
+    pub panicked: u64,
+    /// Timers waiting for their deadline: `scheduled - fired - cancelled`.
+    pub pending: u64,
+    /// Whether the shard's thread is pinned to its core.
+    pub pinned: bool,
+    /// Median time from deadline to hand-off to run.
+    pub lateness_p50: Duration,
+    /// 99th percentile of the same.
+    pub lateness_p99: Duration,
+    /// Largest lateness seen.
+    pub lateness_max: Duration,
+}
+
+/// Totals over all shards, and each shard's own counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Timers accepted by `schedule` (rejected schedules are not counted).
+    pub scheduled: u64,
+    /// Timers whose task was handed to run.
+    pub fired: u64,
+    /// Timers cancelled, by a handle or by shutdown.
+    pub cancelled: u64,
+    /// Successful resets.
+    pub reset: u64,
+    /// Tasks that panicked (caught; the engine carried on).
+    pub panicked: u64,
+    /// Timers waiting for their deadline: `scheduled - fired - cancelled`.
+    pub pending: u64,
+    /// How many shard threads are pinned to a core (pinning is best effort).
+    pub pinned: usize,
+    /// Median lateness over all shards (deadline to hand-off to run).
+    pub lateness_p50: Duration,
+    /// 99th percentile lateness over all shards.
+    pub lateness_p99: Duration,
+    /// Largest lateness over all shards.
+    pub lateness_max: Duration,
+    /// Per shard, in shard order.
+    pub shards: Vec<ShardStats>,
+}
+
+/// Log-linear histogram buckets: values below 8 exactly, then 8 buckets per power of two
+/// (12.5% resolution), in microseconds.
+const SUB_BUCKETS: u64 = 8;
+const BUCKETS: usize = 8 + 61 * 8;
+
+fn bucket_of(micros: u64) -> usize {
+    if micros < SUB_BUCKETS {
+        return micros as usize;
+    }
+    let exponent = 63 - micros.leading_zeros() as u64; // >= 3
+    let sub = (micros >> (exponent - 3)) & (SUB_BUCKETS - 1);
+    (SUB_BUCKETS + (exponent - 3) * SUB_BUCKETS + sub) as usize
+}
+
+/// The largest value in a bucket (so percentiles never understate lateness).
+fn bucket_upper(bucket: usize) -> u64 {
+    let bucket = bucket as u64;
+    if bucket < SUB_BUCKETS {
+        return bucket;
+    }
+    let exponent = (bucket - SUB_BUCKETS) / SUB_BUCKETS + 3;
+    let sub = (bucket - SUB_BUCKETS) % SUB_BUCKETS;
+    let low = (1u64 << exponent) + (sub << (exponent - 3));
+    low.saturating_add((1u64 << (exponent - 3)) - 1)
+}
+
+/// A shard's lateness record, local to the shard thread until flushed.
+pub(crate) struct LocalLateness {
+    counts: Box<[u64; BUCKETS]>,
+    touched: bool,
+    max_micros: u64,
+}
+
+impl LocalLateness {
+    pub(crate) fn new() -> LocalLateness {
+        LocalLateness {
+            counts: Box::new([0; BUCKETS]),
+            touched: false,
+            max_micros: 0,
+        }
+    }
+
+    pub(crate) fn record(&mut self, lateness_nanos: u64) {
+        let micros = lateness_nanos / 1000;
+        self.counts[bucket_of(micros)] += 1;
+        self.max_micros = self.max_micros.max(micros);
+        self.touched = true;
+    }
+}
+
+/// Counters of one shard that other threads read (and some of which they update).
+pub(crate) struct ShardCounters {
+    /// Updated by submitters.
+    pub(crate) scheduled: crossbeam_utils::CachePadded<AtomicU64>,
+    /// Updated by cancellers and by shutdown.
+    pub(crate) cancelled: crossbeam_utils::CachePadded<AtomicU64>,
+    /// Updated by the executor.
+    pub(crate) panicked: AtomicU64,
+    /// Flushed by the shard.
+    pub(crate) fired: AtomicU64,
+    /// Flushed by the shard.
+    pub(crate) reset: AtomicU64,
+    pub(crate) pinned: AtomicBool,
+    lateness: Box<[AtomicU64]>,
+    lateness_max_micros: AtomicU64,
+}
+
+impl std::fmt::Debug for ShardCounters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardCounters").finish_non_exhaustive()
+    }
+}
+
+impl ShardCounters {
+    pub(crate) fn new() -> ShardCounters {
+        ShardCounters {
+            scheduled: Default::default(),
+            cancelled: Default::default(),
+            panicked: AtomicU64::new(0),
+            fired: AtomicU64::new(0),
+            reset: AtomicU64::new(0),
+            pinned: AtomicBool::new(false),
+            lateness: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+            lateness_max_micros: AtomicU64::new(0),
+        }
+    }
+
+    /// Adds a shard's local lateness record and clears it.
+    pub(crate) fn flush_lateness(&self, local: &mut LocalLateness) {
+        if !local.touched {
+            return;
+        }
+        for (shared, count) in self.lateness.iter().zip(local.counts.iter_mut()) {
+            if *count != 0 {
+                shared.fetch_add(std::mem::take(count), Ordering::Relaxed);
+            }
+        }
+        self.lateness_max_micros
+            .fetch_max(local.max_micros, Ordering::Relaxed);
+        local.touched = false;
+    }
+
+    pub(crate) fn snapshot(&self) -> (ShardStats, Vec<u64>) {
+        let fired = self.fired.load(Ordering::Relaxed);
+        let cancelled = self.cancelled.load(Ordering::Relaxed);
+        let scheduled = self.scheduled.load(Ordering::Relaxed);
+        let counts: Vec<u64> = self
+            .lateness
+            .iter()
+            .map(|count| count.load(Ordering::Relaxed))
+            .collect();
+        let max = self.lateness_max_micros.load(Ordering::Relaxed);
+        let stats = ShardStats {
+            scheduled,
+            fired,
+            cancelled,
+            reset: self.reset.load(Ordering::Relaxed),
+            panicked: self.panicked.load(Ordering::Relaxed),
+            pending: scheduled.saturating_sub(fired + cancelled),
+            pinned: self.pinned.load(Ordering::Relaxed),
+            lateness_p50: percentile(&counts, 0.50, max),
+            lateness_p99: percentile(&counts, 0.99, max),
+            lateness_max: Duration::from_micros(max),
+        };
+        (stats, counts)
+    }
+}
+
+/// The `quantile` of a histogram, as the upper bound of its bucket (capped by the maximum).
+pub(crate) fn percentile(counts: &[u64], quantile: f64, max_micros: u64) -> Duration {
+    let total: u64 = counts.iter().sum();
+    if total == 0 {
+        return Duration::ZERO;
+    }
+    let rank = ((total as f64) * quantile).ceil().max(1.0) as u64;
+    let mut seen = 0;
+    for (bucket, count) in counts.iter().enumerate() {
+        seen += count;
+        if seen >= rank {
+            return Duration::from_micros(bucket_upper(bucket).min(max_micros));
+        }
+    }
+    Duration::from_micros(max_micros)
+}
+
+/// Sums per-shard statistics into totals.
+pub(crate) fn total(shards: Vec<(ShardStats, Vec<u64>)>) -> Stats {
+    let mut stats = Stats::default();
+    let mut counts = vec![0u64; BUCKETS];
+    let mut max = Duration::ZERO;
+    for (shard, shard_counts) in shards {
+        stats.scheduled += shard.scheduled;
+        stats.fired += shard.fired;
+        stats.cancelled += shard.cancelled;
+        stats.reset += shard.reset;
+        stats.panicked += shard.panicked;
+        stats.pending += shard.pending;
+        stats.pinned += usize::from(shard.pinned);
+        max = max.max(shard.lateness_max);
+        for (sum, count) in counts.iter_mut().zip(shard_counts) {
+            *sum += count;
+        }
+        stats.shards.push(shard);
+    }
+    let max_micros = max.as_micros() as u64;
+    stats.lateness_p50 = percentile(&counts, 0.50, max_micros);
+    stats.lateness_p99 = percentile(&counts, 0.99, max_micros);
+    stats.lateness_max = max;
+    stats
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_monotonic_and_cover() {
+        let mut last = 0;
+        for value in (0..100_000u64).chain([u64::MAX / 2, u64::MAX]) {
+            let bucket = bucket_of(value);
+            assert!(bucket < BUCKETS);
+            assert!(bucket >= last || value > 100_000);
+            assert!(
+                bucket_upper(bucket) >= value,
+                "{value} above its bucket {bucket}"
+            );
+            last = bucket;
+        }
+    }
+}

@@ -1,0 +1,86 @@
+//! The one place that chooses between `std` and `loom` synchronization.
+//!
+//! Everything else in the crate imports atomics, `Arc`, `Mutex`, threads and the lock-free
+//! message queue from here. Under `--cfg loom` they are loom's model-checked types, and the
+//! crossbeam queue (which loom cannot see) is replaced by [`Queue`], a loom-visible stand-in
+//! with the same contract: an unbounded multi-producer multi-consumer FIFO whose `push` never
+//! blocks and whose `pop` returns `None` when empty.
+
+#[cfg(not(loom))]
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+#[cfg(not(loom))]
+pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::thread;
+
+#[cfg(loom)]
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+#[cfg(loom)]
+pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
+#[cfg(loom)]
+pub(crate) use loom::thread;
+
+#[cfg(loom)]
+pub(crate) use loom::thread_local;
+#[cfg(not(loom))]
+pub(crate) use std::thread_local;
+
+/// Set-once cell. Only used to publish a shard thread's handle before that thread first parks,
+/// which the inbox's signal word already orders, so loom need not see it.
+pub(crate) use std::sync::OnceLock;
+
+/// Reference counting for registries that must hand out weak references (loom's `Arc` has no
+/// `Weak`): only the manual clock's list of engines to drive.
+pub(crate) mod registry {
+    pub(crate) use std::sync::{Arc, Weak};
+}
+
+/// Statistics counters and id generators: plain `std` atomics even under loom, because they
+/// order nothing (they are only summed for [`Stats`](crate::Stats)) and loom need not explore
+/// them.
+pub(crate) mod statistics {
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+}
+
+/// The lock-free multi-producer queue that carries messages to a shard.
+#[cfg(not(loom))]
+pub(crate) type Queue<T> = crossbeam_queue::SegQueue<T>;
+
+/// Loom stand-in for `crossbeam_queue::SegQueue`: same contract, visible to the model checker.
+#[cfg(loom)]
+#[derive(Debug)]
+pub(crate) struct Queue<T>(loom::sync::Mutex<std::collections::VecDeque<T>>);
+
+#[cfg(loom)]
+impl<T> Queue<T> {
+    pub(crate) fn new() -> Queue<T> {
+        Queue(loom::sync::Mutex::new(std::collections::VecDeque::new()))
+    }
+    pub(crate) fn push(&self, value: T) {
+        self.0.lock().unwrap().push_back(value);
+    }
+    pub(crate) fn pop(&self) -> Option<T> {
+        self.0.lock().unwrap().pop_front()
+    }
+}
+
+/// Locks a mutex, recovering the data if a panicking thread poisoned it (the engine never
+/// panics while holding one, but user code must not be able to wedge it).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    match mutex.lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// Runs a concurrency test: under `--cfg loom` as a loom model exploring every interleaving
+/// (within `LOOM_MAX_PREEMPTIONS`), otherwise once as a plain test.
+pub fn model<F>(test: F)
+where
+    F: Fn() + Sync + Send + 'static,
+{
+    #[cfg(loom)]
+    loom::model(test);
+    #[cfg(not(loom))]
+    test();
+}
