@@ -273,7 +273,8 @@ impl Builder {
             });
         }
 
-        let core_ids = if self.pin_threads {
+        // Loom runs every thread on one OS thread: pinning would pin the model checker.
+        let core_ids = if self.pin_threads && !cfg!(loom) {
             core_affinity::get_core_ids().unwrap_or_default()
         } else {
             Vec::new()

@@ -257,6 +257,11 @@ impl ShardCore {
                 }
             });
         self.fired += fired;
+        if let Some(limit) = &self.shared.limit {
+            if fired > 0 {
+                limit.release(fired as usize);
+            }
+        }
         fired as usize
     }
 

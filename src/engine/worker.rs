@@ -10,9 +10,9 @@ use std::cell::{Cell, RefCell};
 thread_local! {
     /// While a worker thread runs user code (inline tasks, task drops), its core waits here,
     /// so that a `shutdown()` called from that user code can take and close it.
-    static PARKED_CORE: RefCell<Option<ShardCore>> = const { RefCell::new(None) };
+    static PARKED_CORE: RefCell<Option<ShardCore>> = RefCell::new(None);
     /// This thread's home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
-    static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
+    static HOME: Cell<usize> = Cell::new(usize::MAX);
 }
 
 /// The ordinal this thread submits to (modulo the shard count): worker threads use their own

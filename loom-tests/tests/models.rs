@@ -1,0 +1,263 @@
+//! Loom models of every protocol in which two threads touch the same engine state.
+//!
+//! Run with `loom-tests/run.sh` (it sets `--cfg loom` and the preemption bound). Each model
+//! drives the shipped engine: a manual clock with one shard and inline execution drives the
+//! shard by hand; the wake-up model runs the real worker thread (as a loom thread).
+#![cfg(loom)]
+
+use loom::sync::Arc;
+use loom::sync::Notify;
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::thread;
+use shardwheel::sync::model;
+use shardwheel::{Clock, Executor, Timer, TimerState};
+use std::time::{Duration, Instant};
+
+const MILLISECOND: Duration = Duration::from_millis(1);
+
+/// A one-shard timer on a manual clock, tasks inline: the mode the models drive by hand.
+fn manual_timer(clock: &Clock) -> Timer {
+    Timer::builder()
+        .shards(1)
+        .levels(2)
+        .executor(Executor::Inline)
+        .clock(clock.clone())
+        .build()
+        .expect("valid configuration")
+}
+
+/// Counts its own drops.
+struct DropCounter(Arc<AtomicUsize>);
+
+impl Drop for DropCounter {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Model 1: cancel vs expiry vs reset on one timer, from three threads. Exactly one of {the task
+/// ran, a cancel returned true}; never twice; a reset that returned true moves the deadline.
+#[test]
+fn cancel_expiry_reset() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let ran_at = Arc::new(std::sync::Mutex::new(None));
+        let handle = {
+            let (runs, ran_at, clock) = (runs.clone(), ran_at.clone(), clock.clone());
+            timer
+                .schedule(MILLISECOND, move || {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    *ran_at.lock().unwrap() = Some(clock.now());
+                })
+                .unwrap()
+        };
+        let canceller = {
+            let handle = handle.clone();
+            thread::spawn(move || handle.cancel())
+        };
+        let resetter = {
+            let (handle, clock) = (handle.clone(), clock.clone());
+            thread::spawn(move || {
+                let before = clock.now();
+                (handle.reset(10 * MILLISECOND), before)
+            })
+        };
+        clock.advance(2 * MILLISECOND);
+        let cancelled = canceller.join().unwrap();
+        let (reset, reset_at) = resetter.join().unwrap();
+        clock.advance(20 * MILLISECOND);
+        let runs = runs.load(Ordering::SeqCst);
+        assert_eq!(
+            runs + usize::from(cancelled),
+            1,
+            "ran {runs} times, cancel returned {cancelled}"
+        );
+        if reset && runs == 1 {
+            let ran_at = ran_at.lock().unwrap().expect("ran");
+            assert!(
+                ran_at >= reset_at + 10 * MILLISECOND,
+                "a successful reset did not move the deadline"
+            );
+        }
+        let expected = if cancelled {
+            TimerState::Cancelled
+        } else {
+            TimerState::Expired
+        };
+        assert_eq!(handle.state(), expected);
+    });
+}
+
+/// Model 2: a timer submitted while the shard's worker is going to sleep is still seen, and an
+/// earlier deadline wakes a worker sleeping on a later one. Loom parks without timeouts, so a
+/// lost wake-up shows as a deadlock.
+#[test]
+fn submit_wakes_parking_shard() {
+    model(|| {
+        let timer = Timer::builder()
+            .shards(1)
+            .levels(2)
+            .executor(Executor::Inline)
+            .pin_threads(false)
+            .build()
+            .expect("valid configuration");
+        // The worker sleeps on this one (an hour away)...
+        timer.schedule(Duration::from_secs(3600), || {}).unwrap();
+        // ...and must wake for this one, due at once.
+        let fired = Arc::new(Notify::new());
+        let notify = fired.clone();
+        let long_ago = Instant::now() - Duration::from_secs(1);
+        timer
+            .schedule_at(long_ago, move || notify.notify())
+            .unwrap();
+        fired.wait();
+        assert_eq!(timer.shutdown().len(), 1, "the hour-long timer is returned");
+    });
+}
+
+/// Model 3: shutdown vs a concurrent schedule and cancel: every schedule either fails, or its
+/// timer runs, is cancelled, or is returned by shutdown. None lost, none twice.
+#[test]
+fn shutdown_vs_schedule_and_cancel() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let runs = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let task = |id: usize| {
+            let runs = runs.clone();
+            move || {
+                runs[id].fetch_add(1, Ordering::SeqCst);
+            }
+        };
+        let early = timer.schedule(MILLISECOND, task(0)).unwrap();
+        let scheduler = {
+            let (timer, task) = (timer.clone(), task(1));
+            thread::spawn(move || timer.schedule(MILLISECOND, task).is_ok())
+        };
+        let canceller = thread::spawn(move || early.cancel());
+        let unfired = timer.shutdown();
+        let scheduled = scheduler.join().unwrap();
+        let cancelled = canceller.join().unwrap();
+        for timer in unfired {
+            timer.run();
+        }
+        let run0 = runs[0].load(Ordering::SeqCst);
+        let run1 = runs[1].load(Ordering::SeqCst);
+        assert_eq!(
+            run0 + usize::from(cancelled),
+            1,
+            "first timer: returned {run0} times, cancelled {cancelled}"
+        );
+        assert_eq!(
+            run1,
+            usize::from(scheduled),
+            "second timer: scheduled {scheduled}, returned {run1} times"
+        );
+        assert!(timer.schedule(MILLISECOND, || {}).is_err());
+    });
+}
+
+/// Model 4: dropping the handle, and the engine, while the timer fires: the task and its
+/// bookkeeping are freed exactly once (drop counter; loom also reports leaked `Arc`s).
+#[test]
+fn handle_and_engine_drop_vs_fire() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let guard = DropCounter(drops.clone());
+        let handle = timer
+            .schedule(MILLISECOND, move || {
+                let _guard = guard;
+            })
+            .unwrap();
+        let dropper = thread::spawn(move || drop(handle));
+        let firer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(2 * MILLISECOND))
+        };
+        drop(timer);
+        dropper.join().unwrap();
+        firer.join().unwrap();
+        assert_eq!(
+            drops.load(Ordering::SeqCst),
+            1,
+            "task dropped {} times",
+            drops.load(Ordering::SeqCst)
+        );
+    });
+}
+
+/// Model 5: max_pending accounting under concurrent schedule, cancel and expiry: never above
+/// the limit, back to zero.
+#[test]
+fn max_pending_accounting() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = Timer::builder()
+            .shards(1)
+            .levels(2)
+            .executor(Executor::Inline)
+            .clock(clock.clone())
+            .max_pending(1)
+            .build()
+            .unwrap();
+        let first = timer.schedule(MILLISECOND, || {}).unwrap();
+        let scheduler = {
+            let timer = timer.clone();
+            thread::spawn(move || {
+                let second = timer.schedule(MILLISECOND, || {});
+                assert!(
+                    timer.pending() <= 1,
+                    "pending {} above the limit",
+                    timer.pending()
+                );
+                second.is_ok()
+            })
+        };
+        let canceller = thread::spawn(move || first.cancel());
+        let firer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(2 * MILLISECOND))
+        };
+        assert!(timer.pending() <= 1);
+        scheduler.join().unwrap();
+        canceller.join().unwrap();
+        firer.join().unwrap();
+        clock.advance(5 * MILLISECOND);
+        assert_eq!(timer.pending(), 0);
+    });
+}
+
+/// Model 6: slots freed by handle drops and reused by concurrent schedules (the lock-free free
+/// list): two timers never share a slot, and a stale handle never touches the new timer.
+#[test]
+fn slot_reuse_is_exclusive() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let old = timer.schedule(MILLISECOND, || {}).unwrap();
+        clock.advance(2 * MILLISECOND); // fired: the slot frees when `old` drops
+        let stale = old.clone();
+        drop(old);
+        let spawn_schedule = |timer: &Timer| {
+            let timer = timer.clone();
+            thread::spawn(move || timer.schedule(Duration::from_secs(1), || {}).unwrap())
+        };
+        let first = spawn_schedule(&timer);
+        let second = spawn_schedule(&timer);
+        let dropper = thread::spawn(move || drop(stale));
+        let first = first.join().unwrap();
+        let second = second.join().unwrap();
+        dropper.join().unwrap();
+        assert!(first.cancel());
+        assert_eq!(
+            second.state(),
+            TimerState::Pending,
+            "cancelling one timer touched another"
+        );
+        assert!(second.cancel());
+    });
+}
