@@ -106,13 +106,22 @@ fn submit_wakes_parking_shard() {
         // The worker sleeps on this one (an hour away)...
         timer.schedule(Duration::from_secs(3600), || {}).unwrap();
         // ...and must wake for this one, due at once.
-        let fired = Arc::new(Notify::new());
-        let notify = fired.clone();
+        let notify = Arc::new(Notify::new());
+        let fired = Arc::new(AtomicUsize::new(0));
         let long_ago = Instant::now() - Duration::from_secs(1);
-        timer
-            .schedule_at(long_ago, move || notify.notify())
-            .unwrap();
-        fired.wait();
+        {
+            let (notify, fired) = (notify.clone(), fired.clone());
+            timer
+                .schedule_at(long_ago, move || {
+                    fired.fetch_add(1, Ordering::SeqCst);
+                    notify.notify();
+                })
+                .unwrap();
+        }
+        // Loom's Notify may wake spuriously: wait for the task itself.
+        while fired.load(Ordering::SeqCst) == 0 {
+            notify.wait();
+        }
         assert_eq!(timer.shutdown().len(), 1, "the hour-long timer is returned");
     });
 }
