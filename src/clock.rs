@@ -165,6 +165,11 @@ impl TickClock {
         u64::try_from(ticks).unwrap_or(u64::MAX)
     }
 
+    /// The first tick at or after `nanos` nanoseconds since the origin.
+    pub(crate) fn tick_at_nanos(&self, nanos: u64) -> u64 {
+        nanos.div_ceil(self.tick_nanos)
+    }
+
     /// The deadline tick `delay` from now (`u64::MAX` if that is beyond representable time).
     pub(crate) fn tick_after(&self, delay: Duration) -> u64 {
         match self.clock.now().checked_add(delay) {

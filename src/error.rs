@@ -56,6 +56,8 @@ pub enum ScheduleError {
     Shutdown,
     /// `max_pending` timers are pending (or a shard's 2^32 - 2 slots are all in use).
     Full,
+    /// A repeating timer or interval with a zero period.
+    ZeroPeriod,
 }
 
 impl fmt::Display for ScheduleError {
@@ -65,6 +67,7 @@ impl fmt::Display for ScheduleError {
             ScheduleError::Full => {
                 write!(f, "the timer engine holds its maximum of pending timers")
             }
+            ScheduleError::ZeroPeriod => write!(f, "a repeating timer needs a period longer than zero"),
         }
     }
 }

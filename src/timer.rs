@@ -10,7 +10,25 @@ use crate::stats::Stats;
 use crate::sync::{Arc, Mutex, registry, thread};
 use crate::task::Task;
 use crate::wheel::{DEFAULT_LEVELS, MAX_LEVELS};
+use crate::futures::{Interval, Sleep, Timeout};
+use crate::periodic::{Cadence, MissedTicks, Repeating};
+use std::future::Future;
 use std::time::{Duration, Instant};
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// An instant so far ahead that no timer on it fires within any run (about 30 years).
+fn far_future(now: Instant) -> Instant {
+    let mut ahead = Duration::from_secs(1 << 30);
+    loop {
+        if let Some(instant) = now.checked_add(ahead) {
+            return instant;
+        }
+        ahead /= 2;
+    }
+}
 
 /// A sharded timer engine: schedule, cancel and reset millions of timeouts from any thread.
 ///
@@ -109,6 +127,114 @@ impl Timer {
     {
         let engine = &self.inner.engine;
         engine.submit(engine.clock.tick_at(deadline), Task::new(task))
+    }
+
+    /// Runs `task` every `period`, first one period from now, at fixed rate: the k-th run is
+    /// due `k * period` after this call, whatever the runs take. Runs never overlap (the next
+    /// is armed when the previous one returns); `missed` says what happens to grid points a
+    /// slow run or a busy executor made it miss. The handle's `cancel` stops future runs (a run
+    /// in progress finishes); `reset` moves the next run and restarts the grid from it. A
+    /// panicking run stops the timer and is counted in [`Stats::panicked`].
+    pub fn schedule_repeating<F>(&self, period: Duration, missed: MissedTicks, task: F) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnMut() + Send + 'static,
+    {
+        self.schedule_repeating_after(period, period, missed, task)
+    }
+
+    /// Like [`schedule_repeating`](Self::schedule_repeating), with the first run after
+    /// `initial_delay` and the grid continuing from it every `period`.
+    pub fn schedule_repeating_after<F>(
+        &self,
+        initial_delay: Duration,
+        period: Duration,
+        missed: MissedTicks,
+        task: F,
+    ) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnMut() + Send + 'static,
+    {
+        let period = nanos(period);
+        if period == 0 {
+            return Err(ScheduleError::ZeroPeriod);
+        }
+        self.submit_repeating(initial_delay, Cadence::FixedRate { period, missed }, task)
+    }
+
+    /// Runs `task` first after `initial_delay`, then each time `delay` after the previous run
+    /// returned (fixed delay). Otherwise as [`schedule_repeating`](Self::schedule_repeating).
+    pub fn schedule_with_fixed_delay<F>(&self, initial_delay: Duration, delay: Duration, task: F) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnMut() + Send + 'static,
+    {
+        let delay = nanos(delay);
+        if delay == 0 {
+            return Err(ScheduleError::ZeroPeriod);
+        }
+        self.submit_repeating(initial_delay, Cadence::FixedDelay { delay }, task)
+    }
+
+    fn submit_repeating<F>(&self, initial_delay: Duration, cadence: Cadence, task: F) -> Result<TimerHandle, ScheduleError>
+    where
+        F: FnMut() + Send + 'static,
+    {
+        let engine = &self.inner.engine;
+        let first_due = engine.clock.now_nanos().saturating_add(nanos(initial_delay));
+        let repeating = Repeating::new(task, cadence, first_due);
+        engine.submit(engine.clock.tick_at_nanos(first_due), Task::new_repeating(repeating))
+    }
+
+    /// A future that completes once `delay` has passed. Its timer wakes the task inline on the
+    /// shard thread. Dropping it cancels the timer.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let timer = shardwheel::Timer::new()?;
+    /// futures::executor::block_on(timer.sleep(std::time::Duration::from_millis(5)))?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn sleep(&self, delay: Duration) -> Sleep {
+        let deadline = self.clock().now().checked_add(delay);
+        match deadline {
+            Some(deadline) => self.sleep_until(deadline),
+            // Beyond representable time: a sleep that never completes.
+            None => Sleep::new(self.inner.engine.home_shard(), far_future(self.clock().now())),
+        }
+    }
+
+    /// A future that completes at `deadline` (at once if it has passed).
+    pub fn sleep_until(&self, deadline: Instant) -> Sleep {
+        Sleep::new(self.inner.engine.home_shard(), deadline)
+    }
+
+    /// Runs `future` with a deadline `delay` from now: `Err(Elapsed)` if it has not completed
+    /// by then (it is dropped with the `Timeout`).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let timer = shardwheel::Timer::new()?;
+    /// let never = std::future::pending::<()>();
+    /// let result = futures::executor::block_on(timer.timeout(std::time::Duration::from_millis(5), never));
+    /// assert!(result.is_err());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn timeout<F: Future>(&self, delay: Duration, future: F) -> Timeout<F> {
+        Timeout::new(future, self.sleep(delay))
+    }
+
+    /// Runs `future` with a deadline at `deadline`.
+    pub fn timeout_at<F: Future>(&self, deadline: Instant, future: F) -> Timeout<F> {
+        Timeout::new(future, self.sleep_until(deadline))
+    }
+
+    /// An [`Interval`] ticking every `period`, first one period from now.
+    pub fn interval(&self, period: Duration, missed: MissedTicks) -> Result<Interval, ScheduleError> {
+        if period.is_zero() {
+            return Err(ScheduleError::ZeroPeriod);
+        }
+        Ok(Interval::new(self.sleep(period), period, missed))
     }
 
     /// Timers scheduled and neither fired nor cancelled yet. Exact at every instant when

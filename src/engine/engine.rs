@@ -2,8 +2,6 @@
 
 use super::executor::Dispatch;
 use super::handle::TimerHandle;
-use super::inbox::PushOutcome;
-use super::message::Message;
 use super::shard::{Handoff, PendingLimit, ShardCore, ShardShared, UnfiredTimer};
 use super::worker;
 use crate::clock::TickClock;
@@ -57,62 +55,17 @@ impl Engine {
         }
     }
 
+    /// This thread's home shard.
+    pub(crate) fn home_shard(&self) -> &Arc<ShardShared> {
+        &self.shards[worker::home_ordinal() % self.shards.len()]
+    }
+
     /// Schedules `task` at `deadline` (a tick) on this thread's home shard.
     pub(crate) fn submit(&self, deadline: u64, task: Task) -> Result<TimerHandle, ScheduleError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(ScheduleError::Shutdown);
         }
-        if let Some(limit) = &self.limit {
-            if !limit.try_reserve() {
-                return Err(ScheduleError::Full);
-            }
-        }
-        let shard = &self.shards[worker::home_ordinal() % self.shards.len()];
-        let Some((index, generation)) = shard.slots.allocate() else {
-            if let Some(limit) = &self.limit {
-                limit.release(1);
-            }
-            return Err(ScheduleError::Full);
-        };
-        shard.slots.begin(index, generation);
-        shard
-            .counters
-            .scheduled
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let handle = TimerHandle {
-            shard: shard.clone(),
-            index,
-            generation,
-        };
-        match shard.inbox.push(
-            Message::Schedule {
-                index,
-                deadline,
-                task,
-            },
-            deadline,
-        ) {
-            PushOutcome::Delivered => Ok(handle),
-            PushOutcome::Closed { drained } => {
-                // Shutdown raced us. Whoever moves the timer out of PENDING first decides:
-                // us (the schedule is rejected, undone, its task dropped unrun) or the
-                // shard's last sweep (the timer is among those `shutdown()` returns).
-                if !shard.slots.cancel(index, generation) {
-                    return Ok(handle);
-                }
-                shard
-                    .counters
-                    .scheduled
-                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                if let Some(limit) = &self.limit {
-                    limit.release(1);
-                }
-                if drained {
-                    shard.discard_late_messages();
-                }
-                Err(ScheduleError::Shutdown)
-            }
-        }
+        ShardShared::submit(self.home_shard(), deadline, task)
     }
 
     /// Stops the engine: refuses new schedules, stops and joins the shard threads (except the
@@ -176,10 +129,8 @@ impl Engine {
                     core.expire(self.clock.now_tick(), &mut handoff);
                     core.flush_counters();
                 }
-                progressed |= !handoff.expired.is_empty();
-                self.dispatch
-                    .run(std::mem::take(&mut handoff.expired), shard);
-                drop(handoff);
+                progressed |= handoff.ran_anything();
+                self.dispatch.hand_off(&mut handoff, shard);
             }
             if !progressed {
                 return;

@@ -1,7 +1,7 @@
 //! Where expired tasks run: a rayon pool (the engine's own or the caller's), or inline on the
 //! shard thread for tasks that only wake something.
 
-use super::shard::ShardShared;
+use super::shard::{Handoff, RepeatingRun, ShardShared};
 use crate::sync::Arc;
 use crate::sync::registry;
 use crate::task::Task;
@@ -37,25 +37,57 @@ pub(crate) fn run_task(task: Task, shard: &ShardShared) {
     }
 }
 
+/// Runs one run of a repeating timer and hands it back to its shard, re-armed for its next
+/// run, or ended if it asked to stop or panicked.
+pub(crate) fn run_repeating(run: RepeatingRun, shard: &ShardShared) {
+    let RepeatingRun { index, mut task } = run;
+    let clock = &shard.clock;
+    let now = || clock.now_nanos();
+    let outcome = catch_unwind(AssertUnwindSafe(|| {
+        task.run_repeating(clock.now_nanos(), &now)
+    }));
+    match outcome {
+        Ok(Some(next_nanos)) => {
+            ShardShared::rearm(shard, index, clock.tick_at_nanos(next_nanos), Some(task));
+        }
+        Ok(None) => ShardShared::rearm(shard, index, u64::MAX, None),
+        Err(_) => {
+            shard.counters.panicked.fetch_add(1, Ordering::Relaxed);
+            drop(task);
+            ShardShared::rearm(shard, index, u64::MAX, None);
+        }
+    }
+}
+
 impl Dispatch {
-    /// Hands a batch of expired tasks to the pool, or runs them here when inline.
-    pub(crate) fn run(&self, batch: Vec<Task>, shard: &Arc<ShardShared>) {
+    /// Hands out a turn's work: one-shot and repeating tasks to the pool (or here, when
+    /// inline), inline tasks here, dropped tasks dropped here. Call with no shard state
+    /// borrowed: user code runs.
+    pub(crate) fn hand_off(&self, handoff: &mut Handoff, shard: &Arc<ShardShared>) {
+        let expired = std::mem::take(&mut handoff.expired);
+        let repeating = std::mem::take(&mut handoff.repeating);
         match self {
-            Dispatch::Pool(pool) => {
+            Dispatch::Pool(pool) if !(expired.is_empty() && repeating.is_empty()) => {
                 let shard = shard.clone();
                 pool.spawn(move || {
                     use rayon::prelude::*;
-                    batch
-                        .into_par_iter()
-                        .with_min_len(64)
-                        .for_each(|task| run_task(task, &shard));
+                    expired.into_par_iter().with_min_len(64).for_each(|task| run_task(task, &shard));
+                    repeating.into_par_iter().for_each(|run| run_repeating(run, &shard));
                 });
             }
+            Dispatch::Pool(_) => {}
             Dispatch::Inline => {
-                for task in batch {
+                for task in expired {
                     run_task(task, shard);
+                }
+                for run in repeating {
+                    run_repeating(run, shard);
                 }
             }
         }
+        for task in handoff.inline.drain(..) {
+            run_task(task, shard);
+        }
+        handoff.dropped.clear();
     }
 }

@@ -6,7 +6,7 @@ use super::shard::ShardShared;
 use super::slot::{ResetOutcome, TimerState};
 use crate::sync::{Arc, thread};
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A handle to a scheduled timer: cancel it, push its deadline back, or ask its state.
 ///
@@ -42,8 +42,17 @@ impl TimerHandle {
     /// Moves the deadline to `delay` from now (earlier or later). Returns true iff the timer
     /// was still pending, in which case it fires at the new deadline and not at the old one.
     pub fn reset(&self, delay: Duration) -> bool {
+        self.reset_to_tick(self.shard.clock.tick_after(delay))
+    }
+
+    /// Moves the deadline to `deadline` (rounded up to the tick; a past instant fires at the
+    /// shard's next turn). Returns true iff the timer was still pending.
+    pub fn reset_at(&self, deadline: Instant) -> bool {
+        self.reset_to_tick(self.shard.clock.tick_at(deadline))
+    }
+
+    pub(crate) fn reset_to_tick(&self, deadline: u64) -> bool {
         let shard = &*self.shard;
-        let deadline = shard.clock.tick_after(delay);
         loop {
             match shard.slots.reset(self.index, self.generation) {
                 ResetOutcome::Accepted => break,

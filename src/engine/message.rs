@@ -28,4 +28,14 @@ pub(crate) enum Message {
         /// New deadline tick.
         deadline: u64,
     },
+    /// A repeating timer's run is over: re-arm it at `deadline` with `task`, or end it
+    /// (`task: None`, it stopped or panicked).
+    Rearm {
+        /// Slot of the timer (RUNNING: the shard still holds it).
+        index: u32,
+        /// Deadline tick of the next run.
+        deadline: u64,
+        /// The task, back from its run.
+        task: Option<Task>,
+    },
 }

@@ -1,7 +1,9 @@
 //! A shard: the state other threads share with it ([`ShardShared`]) and the state only its
 //! owner touches ([`ShardCore`]: the wheel, the tasks, local counters).
 
-use super::inbox::Inbox;
+use super::handle::TimerHandle;
+use super::inbox::{Inbox, PushOutcome};
+use crate::error::ScheduleError;
 use super::message::Message;
 use super::slot::{FireOutcome, SlotTable};
 use crate::clock::TickClock;
@@ -82,6 +84,63 @@ impl ShardShared {
         }
     }
 
+    /// Schedules `task` at tick `deadline` on `shard`.
+    pub(crate) fn submit(shard: &Arc<ShardShared>, deadline: u64, task: Task) -> Result<TimerHandle, ScheduleError> {
+        if shard.inbox.is_closed() {
+            return Err(ScheduleError::Shutdown);
+        }
+        if let Some(limit) = &shard.limit {
+            if !limit.try_reserve() {
+                return Err(ScheduleError::Full);
+            }
+        }
+        let Some((index, generation)) = shard.slots.allocate() else {
+            if let Some(limit) = &shard.limit {
+                limit.release(1);
+            }
+            return Err(ScheduleError::Full);
+        };
+        shard.slots.begin(index, generation);
+        shard.counters.scheduled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let handle = TimerHandle { shard: shard.clone(), index, generation };
+        match shard.inbox.push(Message::Schedule { index, deadline, task }, deadline) {
+            PushOutcome::Delivered => Ok(handle),
+            PushOutcome::Closed { drained } => {
+                // Shutdown raced us. Whoever moves the timer out of PENDING first decides:
+                // us (the schedule is rejected, undone, its task dropped unrun) or the
+                // shard's last sweep (the timer is among those `shutdown()` returns).
+                if !shard.slots.cancel(index, generation) {
+                    return Ok(handle);
+                }
+                shard.counters.scheduled.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(limit) = &shard.limit {
+                    limit.release(1);
+                }
+                if drained {
+                    shard.discard_late_messages();
+                }
+                Err(ScheduleError::Shutdown)
+            }
+        }
+    }
+
+    /// Gives back `count` places of the `max_pending` limit, if there is one.
+    pub(crate) fn release_limit(&self, count: usize) {
+        if let (Some(limit), true) = (&self.limit, count > 0) {
+            limit.release(count);
+        }
+    }
+
+    /// Hands a repeating timer back to the shard after a run, with its task and the deadline
+    /// of its next run (`task: None`: it stopped). Called by whoever ran it.
+    pub(crate) fn rearm(shard: &ShardShared, index: u32, deadline: u64, task: Option<Task>) {
+        if let PushOutcome::Closed { drained: true } = shard.inbox.push(Message::Rearm { index, deadline, task }, deadline) {
+            // The shard is gone: this timer ends here, cancelled by the shutdown.
+            shard.slots.end_run_after_shutdown(index);
+            shard.discard_late_messages();
+        }
+    }
+
     /// After shutdown's last drain: drops whatever late submitters left in the queue (all of
     /// it belongs to rejected schedules or to timers shutdown already settled).
     pub(crate) fn discard_late_messages(&self) {
@@ -144,17 +203,34 @@ pub(crate) struct ShardCore {
     lateness: LocalLateness,
 }
 
-/// What one turn of a shard produced: tasks to run and tasks to drop, both handed off only
+/// One run of a repeating timer, handed to the executor.
+pub(crate) struct RepeatingRun {
+    pub(crate) index: u32,
+    pub(crate) task: Task,
+}
+
+/// What one turn of a shard produced: tasks to run and tasks to drop, all handed off only
 /// after the shard's state is no longer borrowed (user code never runs inside a turn).
 #[derive(Default)]
 pub(crate) struct Handoff {
+    /// One-shot tasks for the executor.
     pub(crate) expired: Vec<Task>,
+    /// One-shot tasks to run on the shard thread (wakers).
+    pub(crate) inline: Vec<Task>,
+    /// Runs of repeating timers, for the executor.
+    pub(crate) repeating: Vec<RepeatingRun>,
+    /// Tasks of cancelled timers, to drop.
     pub(crate) dropped: Vec<Task>,
 }
 
 impl Handoff {
     pub(crate) fn is_empty(&self) -> bool {
-        self.expired.is_empty() && self.dropped.is_empty()
+        self.expired.is_empty() && self.inline.is_empty() && self.repeating.is_empty() && self.dropped.is_empty()
+    }
+
+    /// Whether any task was handed out to run.
+    pub(crate) fn ran_anything(&self) -> bool {
+        !(self.expired.is_empty() && self.inline.is_empty() && self.repeating.is_empty())
     }
 }
 
@@ -222,8 +298,40 @@ impl ShardCore {
             } => {
                 if self.shared.slots.reset_applied(index, generation) == Some(true) {
                     self.reset += 1;
-                    self.wheel.remove(&mut self.entries, index);
+                    let entry = &mut self.entries.0[index as usize];
+                    if let Some(task) = &mut entry.task {
+                        task.reanchor(self.shared.clock.nanos_of_tick(deadline));
+                    }
+                    if entry.task.is_none() {
+                        // A repeating timer out running: re-armed at this deadline instead.
+                        entry.links.set_deferred_deadline(deadline);
+                    } else {
+                        self.wheel.remove(&mut self.entries, index);
+                        self.wheel.insert(&mut self.entries, index, deadline);
+                    }
+                }
+            }
+            Message::Rearm { index, deadline, mut task } => {
+                let entry = &mut self.entries.0[index as usize];
+                let deadline = match entry.links.take_deferred_deadline() {
+                    Some(reset_to) => {
+                        if let Some(task) = &mut task {
+                            task.reanchor(self.shared.clock.nanos_of_tick(reset_to));
+                        }
+                        reset_to
+                    }
+                    None => deadline,
+                };
+                if self.shared.slots.finish_run(index, task.is_some()) {
+                    entry.task = task;
                     self.wheel.insert(&mut self.entries, index, deadline);
+                } else {
+                    // Stopped (its task said so, or it panicked) or cancelled while running.
+                    if task.is_none() {
+                        self.fired += 1;
+                        self.shared.release_limit(1);
+                    }
+                    handoff.dropped.extend(task);
                 }
             }
         }
@@ -237,19 +345,28 @@ impl ShardCore {
         let mut fired = 0u64;
         self.wheel
             .advance_to(&mut self.entries, now_tick, |entries, index| {
-                match shared.slots.fire(index) {
+                let entry = &mut entries.0[index as usize];
+                let repeating = entry.task.as_ref().is_some_and(Task::is_repeating);
+                match shared.slots.fire(index, repeating) {
                     FireOutcome::Fire { free } => {
-                        let entry = &mut entries.0[index as usize];
                         let task = entry.task.take().expect("a stored timer has a task");
-                        lateness
-                            .record(now_nanos.saturating_sub(
-                                shared.clock.nanos_of_tick(entry.links.deadline()),
-                            ));
-                        handoff.expired.push(task);
+                        let due = entry.links.deadline();
+                        lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
+                        if task.runs_inline() {
+                            handoff.inline.push(task);
+                        } else {
+                            handoff.expired.push(task);
+                        }
                         fired += 1;
                         if free {
                             shared.slots.free_fired(index);
                         }
+                    }
+                    FireOutcome::Run => {
+                        let task = entry.task.take().expect("a stored timer has a task");
+                        let due = entry.links.deadline();
+                        lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
+                        handoff.repeating.push(RepeatingRun { index, task });
                     }
                     // The entry stays out of the wheel, task kept: the pending reset message
                     // re-inserts it, the pending cancel message drops it.
@@ -257,11 +374,7 @@ impl ShardCore {
                 }
             });
         self.fired += fired;
-        if let Some(limit) = &self.shared.limit {
-            if fired > 0 {
-                limit.release(fired as usize);
-            }
-        }
+        self.shared.release_limit(fired as usize);
         fired as usize
     }
 

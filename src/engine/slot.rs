@@ -11,10 +11,10 @@
 //! # The state word
 //!
 //! ```text
-//!  63          34 33             13 12        3   2        1  0
-//! +--------------+-----------------+-----------+-------+---------+
-//! |  generation  |  handle count   |  resets   | SHARD | lifecyc |   occupied slot
-//! +--------------+-----------------+-----------+-------+---------+
+//!  63          34 33             13    12     11       3   2        1  0
+//! +--------------+-----------------+---------+---------+-------+---------+
+//! |  generation  |  handle count   | RUNNING | resets  | SHARD | lifecyc |   occupied slot
+//! +--------------+-----------------+---------+---------+-------+---------+
 //! |  generation  |  next free slot + 1 (0 = none)      | FREE=0  |   free slot
 //! +--------------+-------------------------------------+---------+
 //! ```
@@ -22,6 +22,7 @@
 //! * `lifecycle`: FREE, PENDING, FIRED (handed to run), CANCELLED.
 //! * `SHARD`: the owning shard still holds the slot's private entry (task or links).
 //! * `resets`: resets that succeeded but whose message the shard has not applied yet.
+//! * `RUNNING`: a repeating timer's task is out running; the shard re-arms it afterwards.
 //! * `handle count`: live [`TimerHandle`](crate::TimerHandle)s.
 //!
 //! | from                      | event (by whom)                         | to                               |
@@ -32,6 +33,8 @@
 //! | any occupied              | [`reset_applied`] (shard)               | resets - 1                       |
 //! | PENDING, resets = 0       | [`fire`] (shard)                        | FIRED, SHARD cleared             |
 //! | PENDING, resets > 0       | [`fire`] (shard)                        | unchanged: the reset wins        |
+//! | PENDING, repeating        | [`fire`] (shard)                        | PENDING, RUNNING                 |
+//! | RUNNING                   | [`finish_run`] (shard)                  | PENDING (re-armed), or FIRED / SHARD cleared |
 //! | CANCELLED                 | [`release_by_shard`] (shard)            | SHARD cleared                    |
 //! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list |
 //!
@@ -55,7 +58,8 @@ const FIRED: u64 = 2;
 const CANCELLED: u64 = 3;
 const SHARD: u64 = 1 << 2;
 const RESET_ONE: u64 = 1 << 3;
-const RESET_MASK: u64 = ((1 << 10) - 1) << 3;
+const RESET_MASK: u64 = ((1 << 9) - 1) << 3;
+const RUNNING: u64 = 1 << 12;
 const HANDLE_ONE: u64 = 1 << 13;
 const HANDLE_MASK: u64 = ((1 << 21) - 1) << 13;
 const NEXT_FREE_SHIFT: u32 = 2;
@@ -110,6 +114,8 @@ pub enum TimerState {
 pub(crate) enum FireOutcome {
     /// The timer is now FIRED: run its task. `free` says the caller must free the slot.
     Fire { free: bool },
+    /// A repeating timer is now RUNNING: run its task, then re-arm it with `finish_run`.
+    Run,
     /// A reset is in flight: keep the entry aside until its message arrives.
     ResetInFlight,
     /// A cancel won: its message will release the entry.
@@ -357,8 +363,8 @@ impl SlotTable {
         }
     }
 
-    /// The shard's attempt to fire a slot it holds.
-    pub(crate) fn fire(&self, index: u32) -> FireOutcome {
+    /// The shard's attempt to fire a slot it holds (`repeating`: its task is repeating).
+    pub(crate) fn fire(&self, index: u32, repeating: bool) -> FireOutcome {
         let slot = self.word(index);
         let mut word = slot.load(Ordering::Acquire);
         loop {
@@ -371,12 +377,62 @@ impl SlotTable {
                 PENDING => return FireOutcome::ResetInFlight,
                 _ => return FireOutcome::Cancelled,
             }
-            let new = word & !(LIFECYCLE_MASK | SHARD) | FIRED;
+            debug_assert!(word & RUNNING == 0, "slot {index} fired while running");
+            let new = if repeating { word | RUNNING } else { word & !(LIFECYCLE_MASK | SHARD) | FIRED };
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) if repeating => return FireOutcome::Run,
+                Ok(_) => return FireOutcome::Fire { free: is_unreferenced(new) },
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// The shard takes back a repeating timer after a run. If it is still pending and `again`
+    /// (the task wants another run), it stays PENDING and the shard re-arms it (returns true).
+    /// Otherwise it ends: FIRED if it stopped by itself, CANCELLED if cancelled meanwhile; the
+    /// shard lets go of it and it is freed if no handle is left (returns false).
+    pub(crate) fn finish_run(&self, index: u32, again: bool) -> bool {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            debug_assert!(
+                word & (RUNNING | SHARD) == RUNNING | SHARD,
+                "slot {index} finished a run it was not in: {word:#x}"
+            );
+            let rearm = again && lifecycle_of(word) == PENDING;
+            let new = if rearm {
+                word & !RUNNING
+            } else if lifecycle_of(word) == PENDING {
+                word & !(RUNNING | SHARD | LIFECYCLE_MASK) | FIRED
+            } else {
+                word & !(RUNNING | SHARD)
+            };
             match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
-                    return FireOutcome::Fire {
-                        free: is_unreferenced(new),
-                    };
+                    if is_unreferenced(new) {
+                        self.free(index, new);
+                    }
+                    return rearm;
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// A repeating timer's run ended after its shard shut down: it counts as cancelled by the
+    /// shutdown, and nothing holds it for the shard any more.
+    pub(crate) fn end_run_after_shutdown(&self, index: u32) {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            let new = word & !(RUNNING | SHARD | LIFECYCLE_MASK)
+                | if lifecycle_of(word) == PENDING { CANCELLED } else { lifecycle_of(word) };
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if is_unreferenced(new) {
+                        self.free(index, new);
+                    }
+                    return;
                 }
                 Err(actual) => word = actual,
             }
@@ -489,9 +545,9 @@ mod tests {
             "stale handle must not cancel"
         );
         assert_eq!(table.reset(again, next_generation), ResetOutcome::Accepted);
-        assert_eq!(table.fire(again), FireOutcome::ResetInFlight);
+        assert_eq!(table.fire(again, false), FireOutcome::ResetInFlight);
         assert_eq!(table.reset_applied(again, next_generation), Some(true));
-        assert_eq!(table.fire(again), FireOutcome::Fire { free: false });
+        assert_eq!(table.fire(again, false), FireOutcome::Fire { free: false });
         assert_eq!(table.state(again, next_generation), TimerState::Expired);
         assert_eq!(table.allocated(), 1);
     }

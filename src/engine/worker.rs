@@ -44,23 +44,17 @@ pub(crate) fn take_parked_core(shard: &Arc<ShardShared>) -> Option<ShardCore> {
 
 /// Runs and drops a turn's tasks with the core parked in [`PARKED_CORE`]. Returns the core,
 /// or `None` if user code shut the engine down and closed it meanwhile.
-pub(crate) fn hand_off(
-    core: ShardCore,
-    handoff: &mut Handoff,
-    dispatch: &Dispatch,
-) -> Option<ShardCore> {
+pub(crate) fn hand_off(core: ShardCore, handoff: &mut Handoff, dispatch: &Dispatch) -> Option<ShardCore> {
     let shared = core.shared.clone();
     if let Dispatch::Pool(_) = dispatch {
-        if !handoff.expired.is_empty() {
-            dispatch.run(std::mem::take(&mut handoff.expired), &shared);
-        }
-        if handoff.dropped.is_empty() {
+        if handoff.inline.is_empty() && handoff.dropped.is_empty() {
+            // Nothing runs on this thread: no need to park the core.
+            dispatch.hand_off(handoff, &shared);
             return Some(core);
         }
     }
     PARKED_CORE.with(|parked| *parked.borrow_mut() = Some(core));
-    dispatch.run(std::mem::take(&mut handoff.expired), &shared);
-    handoff.dropped.clear();
+    dispatch.hand_off(handoff, &shared);
     PARKED_CORE.with(|parked| parked.borrow_mut().take())
 }
 

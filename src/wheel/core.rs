@@ -21,6 +21,8 @@ pub(crate) const MAX_INDEX: u32 = u32::MAX - 2;
 const NONE: u32 = u32::MAX;
 /// `prev` of an entry that is in no list.
 const UNLINKED: u32 = u32::MAX - 1;
+/// `next` of an entry that is in no list but carries a deferred deadline.
+const DEFERRED: u32 = u32::MAX - 1;
 
 /// The wheel's bookkeeping inside each stored entry.
 #[derive(Clone, Copy, Debug)]
@@ -48,6 +50,22 @@ impl Links {
     fn mark_unlinked(&mut self) {
         self.prev = UNLINKED;
         self.next = NONE;
+    }
+
+    /// Records, in an entry that is out of the wheel, a deadline to use when it comes back.
+    pub(crate) fn set_deferred_deadline(&mut self, deadline: u64) {
+        debug_assert!(!self.is_linked(), "deferring the deadline of a linked entry");
+        self.deadline = deadline;
+        self.next = DEFERRED;
+    }
+
+    /// Takes the deadline recorded by [`set_deferred_deadline`](Self::set_deferred_deadline).
+    pub(crate) fn take_deferred_deadline(&mut self) -> Option<u64> {
+        if self.is_linked() || self.next != DEFERRED {
+            return None;
+        }
+        self.next = NONE;
+        Some(self.deadline)
     }
 
     /// The deadline tick the entry was last stored with (kept after it leaves the wheel).
