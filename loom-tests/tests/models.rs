@@ -270,3 +270,58 @@ fn slot_reuse_is_exclusive() {
         assert!(second.cancel());
     });
 }
+
+/// A waker for loom: counts wakes and notifies a waiting loom thread.
+struct LoomWaker {
+    woken: AtomicUsize,
+    notify: Notify,
+}
+
+impl std::task::Wake for LoomWaker {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        self.woken.fetch_add(1, Ordering::SeqCst);
+        self.notify.notify();
+    }
+}
+
+fn loom_waker() -> (std::sync::Arc<LoomWaker>, std::task::Waker) {
+    let flag = std::sync::Arc::new(LoomWaker { woken: AtomicUsize::new(0), notify: Notify::new() });
+    (flag.clone(), std::task::Waker::from(flag))
+}
+
+/// Model 7 (async): a `Sleep` polled while its deadline passes on another thread: the
+/// register-then-recheck never loses the wake-up (a lost one deadlocks), and when the waker
+/// changes between polls, the latest one is woken.
+#[test]
+fn sleep_wakes_the_latest_waker() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let mut sleep = timer.sleep(MILLISECOND);
+        let (first, first_waker) = loom_waker();
+        let (second, second_waker) = loom_waker();
+        let firer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(2 * MILLISECOND))
+        };
+        let mut poll = |waker: &std::task::Waker| Pin::new(&mut sleep).poll(&mut Context::from_waker(waker));
+        if poll(&first_waker).is_pending() {
+            if poll(&second_waker).is_pending() {
+                while second.woken.load(Ordering::SeqCst) == 0 {
+                    second.notify.wait();
+                }
+                assert_eq!(poll(&second_waker), Poll::Ready(Ok(())));
+            }
+        }
+        firer.join().unwrap();
+        // Extra (spurious) wake-ups are allowed; a lost one would have deadlocked above.
+        let _ = first.woken.load(Ordering::SeqCst);
+        assert_eq!(poll(&second_waker), Poll::Ready(Ok(())));
+    });
+}
