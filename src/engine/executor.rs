@@ -71,8 +71,13 @@ impl Dispatch {
                 let shard = shard.clone();
                 pool.spawn(move || {
                     use rayon::prelude::*;
-                    expired.into_par_iter().with_min_len(64).for_each(|task| run_task(task, &shard));
-                    repeating.into_par_iter().for_each(|run| run_repeating(run, &shard));
+                    expired
+                        .into_par_iter()
+                        .with_min_len(64)
+                        .for_each(|task| run_task(task, &shard));
+                    repeating
+                        .into_par_iter()
+                        .for_each(|run| run_repeating(run, &shard));
                 });
             }
             Dispatch::Pool(_) => {}

@@ -3,10 +3,10 @@
 
 use super::handle::TimerHandle;
 use super::inbox::{Inbox, PushOutcome};
-use crate::error::ScheduleError;
 use super::message::Message;
 use super::slot::{FireOutcome, SlotTable};
 use crate::clock::TickClock;
+use crate::error::ScheduleError;
 use crate::stats::{LocalLateness, ShardCounters};
 use crate::sync::{Arc, AtomicUsize, Ordering};
 use crate::task::Task;
@@ -85,7 +85,11 @@ impl ShardShared {
     }
 
     /// Schedules `task` at tick `deadline` on `shard`.
-    pub(crate) fn submit(shard: &Arc<ShardShared>, deadline: u64, task: Task) -> Result<TimerHandle, ScheduleError> {
+    pub(crate) fn submit(
+        shard: &Arc<ShardShared>,
+        deadline: u64,
+        task: Task,
+    ) -> Result<TimerHandle, ScheduleError> {
         if shard.inbox.is_closed() {
             return Err(ScheduleError::Shutdown);
         }
@@ -101,9 +105,23 @@ impl ShardShared {
             return Err(ScheduleError::Full);
         };
         shard.slots.begin(index, generation);
-        shard.counters.scheduled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let handle = TimerHandle { shard: shard.clone(), index, generation };
-        match shard.inbox.push(Message::Schedule { index, deadline, task }, deadline) {
+        shard
+            .counters
+            .scheduled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let handle = TimerHandle {
+            shard: shard.clone(),
+            index,
+            generation,
+        };
+        match shard.inbox.push(
+            Message::Schedule {
+                index,
+                deadline,
+                task,
+            },
+            deadline,
+        ) {
             PushOutcome::Delivered => Ok(handle),
             PushOutcome::Closed { drained } => {
                 // Shutdown raced us. Whoever moves the timer out of PENDING first decides:
@@ -112,7 +130,10 @@ impl ShardShared {
                 if !shard.slots.cancel(index, generation) {
                     return Ok(handle);
                 }
-                shard.counters.scheduled.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                shard
+                    .counters
+                    .scheduled
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(limit) = &shard.limit {
                     limit.release(1);
                 }
@@ -134,7 +155,14 @@ impl ShardShared {
     /// Hands a repeating timer back to the shard after a run, with its task and the deadline
     /// of its next run (`task: None`: it stopped). Called by whoever ran it.
     pub(crate) fn rearm(shard: &ShardShared, index: u32, deadline: u64, task: Option<Task>) {
-        if let PushOutcome::Closed { drained: true } = shard.inbox.push(Message::Rearm { index, deadline, task }, deadline) {
+        if let PushOutcome::Closed { drained: true } = shard.inbox.push(
+            Message::Rearm {
+                index,
+                deadline,
+                task,
+            },
+            deadline,
+        ) {
             // The shard is gone: this timer ends here, cancelled by the shutdown.
             shard.slots.end_run_after_shutdown(index);
             shard.discard_late_messages();
@@ -198,6 +226,8 @@ pub(crate) struct ShardCore {
     pub(crate) shared: Arc<ShardShared>,
     wheel: WheelCore,
     entries: Entries,
+    /// Entries holding a timer (its task, or the place of a repeating task out running).
+    live: usize,
     fired: u64,
     reset: u64,
     lateness: LocalLateness,
@@ -225,7 +255,10 @@ pub(crate) struct Handoff {
 
 impl Handoff {
     pub(crate) fn is_empty(&self) -> bool {
-        self.expired.is_empty() && self.inline.is_empty() && self.repeating.is_empty() && self.dropped.is_empty()
+        self.expired.is_empty()
+            && self.inline.is_empty()
+            && self.repeating.is_empty()
+            && self.dropped.is_empty()
     }
 
     /// Whether any task was handed out to run.
@@ -240,6 +273,7 @@ impl ShardCore {
             shared,
             wheel: WheelCore::new(levels),
             entries: Entries(Vec::new()),
+            live: 0,
             fired: 0,
             reset: 0,
             lateness: LocalLateness::new(),
@@ -282,11 +316,13 @@ impl ShardCore {
                     "slot {index} scheduled while occupied"
                 );
                 entry.task = Some(task);
+                self.live += 1;
                 self.wheel.insert(&mut self.entries, index, deadline);
             }
             Message::Cancel { index } => {
                 self.wheel.remove(&mut self.entries, index);
                 if let Some(task) = self.entries.0[index as usize].task.take() {
+                    self.live -= 1;
                     handoff.dropped.push(task);
                     self.shared.slots.release_by_shard(index);
                 }
@@ -311,7 +347,11 @@ impl ShardCore {
                     }
                 }
             }
-            Message::Rearm { index, deadline, mut task } => {
+            Message::Rearm {
+                index,
+                deadline,
+                mut task,
+            } => {
                 let entry = &mut self.entries.0[index as usize];
                 let deadline = match entry.links.take_deferred_deadline() {
                     Some(reset_to) => {
@@ -327,6 +367,7 @@ impl ShardCore {
                     self.wheel.insert(&mut self.entries, index, deadline);
                 } else {
                     // Stopped (its task said so, or it panicked) or cancelled while running.
+                    self.live -= 1;
                     if task.is_none() {
                         self.fired += 1;
                         self.shared.release_limit(1);
@@ -374,8 +415,22 @@ impl ShardCore {
                 }
             });
         self.fired += fired;
+        self.live -= fired as usize;
         self.shared.release_limit(fired as usize);
         fired as usize
+    }
+
+    /// Gives the entry table's memory back once no timer is left in it (after a mass cancel,
+    /// say): every entry is vacant then, and a later schedule grows it again.
+    pub(crate) fn release_idle_memory(&mut self) {
+        const KEEP: usize = 4096;
+        if self.live == 0 && self.entries.0.capacity() > KEEP {
+            debug_assert!(
+                self.wheel.len() == 0,
+                "wheel holds entries while none is live"
+            );
+            self.entries.0 = Vec::new();
+        }
     }
 
     /// Publishes local counters (`Relaxed`: they order nothing).

@@ -193,8 +193,7 @@ impl SlotTable {
         if !self.pages[page].load(Ordering::Acquire).is_null() {
             return;
         }
-        let fresh: Box<[AtomicU64]> = (0..page_len(page)).map(|_| AtomicU64::new(FREE)).collect();
-        let fresh = Box::into_raw(fresh).cast::<AtomicU64>();
+        let fresh = new_page(page_len(page));
         if self.pages[page]
             .compare_exchange(
                 std::ptr::null_mut(),
@@ -205,11 +204,9 @@ impl SlotTable {
             .is_err()
         {
             // Another thread installed the page first.
-            // SAFETY: `fresh` came from `Box::into_raw` of a slice of this length just above
-            // and was never shared.
-            drop(unsafe {
-                Box::from_raw(std::ptr::slice_from_raw_parts_mut(fresh, page_len(page)))
-            });
+            // SAFETY: `fresh` came from `new_page` with this length just above and was never
+            // shared.
+            unsafe { free_page(fresh, page_len(page)) };
         }
     }
 
@@ -378,10 +375,18 @@ impl SlotTable {
                 _ => return FireOutcome::Cancelled,
             }
             debug_assert!(word & RUNNING == 0, "slot {index} fired while running");
-            let new = if repeating { word | RUNNING } else { word & !(LIFECYCLE_MASK | SHARD) | FIRED };
+            let new = if repeating {
+                word | RUNNING
+            } else {
+                word & !(LIFECYCLE_MASK | SHARD) | FIRED
+            };
             match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) if repeating => return FireOutcome::Run,
-                Ok(_) => return FireOutcome::Fire { free: is_unreferenced(new) },
+                Ok(_) => {
+                    return FireOutcome::Fire {
+                        free: is_unreferenced(new),
+                    };
+                }
                 Err(actual) => word = actual,
             }
         }
@@ -426,7 +431,11 @@ impl SlotTable {
         let mut word = slot.load(Ordering::Acquire);
         loop {
             let new = word & !(RUNNING | SHARD | LIFECYCLE_MASK)
-                | if lifecycle_of(word) == PENDING { CANCELLED } else { lifecycle_of(word) };
+                | if lifecycle_of(word) == PENDING {
+                    CANCELLED
+                } else {
+                    lifecycle_of(word)
+                };
             match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     if is_unreferenced(new) {
@@ -500,15 +509,56 @@ impl Drop for SlotTable {
         for (page, pointer) in self.pages.iter_mut().enumerate() {
             let base = pointer.load(Ordering::Acquire);
             if !base.is_null() {
-                // SAFETY: a non-null page pointer came from `Box::into_raw` of a slice of
-                // `page_len(page)` words in `ensure_page`; `&mut self` means no one else can
-                // use it any more, and it is freed only here.
-                drop(unsafe {
-                    Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, page_len(page)))
-                });
+                // SAFETY: a non-null page pointer came from `new_page(page_len(page))` in
+                // `ensure_page`; `&mut self` means no one else can use it any more, and it is
+                // freed only here.
+                unsafe { free_page(base, page_len(page)) };
             }
         }
     }
+}
+
+/// A page of `len` FREE words, generation 0. Outside loom it is zeroed memory straight from the
+/// allocator (all-zero bytes are exactly that state), so the operating system provides its
+/// pages only as slots are first used: a large, mostly unused last page costs no memory.
+#[cfg(not(loom))]
+fn new_page(len: usize) -> *mut AtomicU64 {
+    let layout = std::alloc::Layout::array::<AtomicU64>(len).expect("page layout fits in memory");
+    // SAFETY: the layout has a non-zero size (pages hold at least FIRST_PAGE words).
+    let base = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+    if base.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    const { assert!(FREE == 0, "a zeroed word must be a free slot") };
+    base
+}
+
+/// Frees a page made by [`new_page`].
+///
+/// # Safety
+/// `base` came from `new_page(len)` and is not used afterwards.
+#[cfg(not(loom))]
+unsafe fn free_page(base: *mut AtomicU64, len: usize) {
+    let layout = std::alloc::Layout::array::<AtomicU64>(len).expect("page layout fits in memory");
+    // SAFETY: per the contract, `base` was allocated with this very layout.
+    unsafe { std::alloc::dealloc(base.cast::<u8>(), layout) };
+}
+
+/// Loom's atomics are not plain memory: build the page word by word.
+#[cfg(loom)]
+fn new_page(len: usize) -> *mut AtomicU64 {
+    let page: Box<[AtomicU64]> = (0..len).map(|_| AtomicU64::new(FREE)).collect();
+    Box::into_raw(page).cast::<AtomicU64>()
+}
+
+/// Frees a page made by [`new_page`].
+///
+/// # Safety
+/// `base` came from `new_page(len)` and is not used afterwards.
+#[cfg(loom)]
+unsafe fn free_page(base: *mut AtomicU64, len: usize) {
+    // SAFETY: per the contract, `base` is a boxed slice of `len` words.
+    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, len)) });
 }
 
 #[cfg(test)]

@@ -44,7 +44,11 @@ pub(crate) fn take_parked_core(shard: &Arc<ShardShared>) -> Option<ShardCore> {
 
 /// Runs and drops a turn's tasks with the core parked in [`PARKED_CORE`]. Returns the core,
 /// or `None` if user code shut the engine down and closed it meanwhile.
-pub(crate) fn hand_off(core: ShardCore, handoff: &mut Handoff, dispatch: &Dispatch) -> Option<ShardCore> {
+pub(crate) fn hand_off(
+    core: ShardCore,
+    handoff: &mut Handoff,
+    dispatch: &Dispatch,
+) -> Option<ShardCore> {
     let shared = core.shared.clone();
     if let Dispatch::Pool(_) = dispatch {
         if handoff.inline.is_empty() && handoff.dropped.is_empty() {
@@ -86,6 +90,7 @@ pub(crate) fn run(
         active |= drained > 0;
         core.expire(clock.now_tick(), &mut handoff);
         core.flush_counters();
+        core.release_idle_memory();
         if !handoff.is_empty() {
             core = hand_off(core, &mut handoff, &dispatch)?;
         }
