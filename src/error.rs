@@ -67,7 +67,9 @@ impl fmt::Display for ScheduleError {
             ScheduleError::Full => {
                 write!(f, "the timer engine holds its maximum of pending timers")
             }
-            ScheduleError::ZeroPeriod => write!(f, "a repeating timer needs a period longer than zero"),
+            ScheduleError::ZeroPeriod => {
+                write!(f, "a repeating timer needs a period longer than zero")
+            }
         }
     }
 }

@@ -8,13 +8,13 @@
 //! (register-then-recheck), so a deadline that passes between the two is never missed; see the
 //! `async_waker` model in `loom-tests/`.
 
+use crate::TimerState;
 use crate::engine::handle::TimerHandle;
 use crate::engine::shard::ShardShared;
 use crate::error::ScheduleError;
 use crate::periodic::MissedTicks;
 use crate::sync::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use crate::task::Task;
-use crate::TimerState;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -44,13 +44,21 @@ unsafe impl Sync for AtomicWaker {}
 
 impl AtomicWaker {
     pub(crate) fn new() -> AtomicWaker {
-        AtomicWaker { state: AtomicUsize::new(WAITING), waker: UnsafeCell::new(None) }
+        AtomicWaker {
+            state: AtomicUsize::new(WAITING),
+            waker: UnsafeCell::new(None),
+        }
     }
 
     /// Registers `waker` to be woken by the next [`wake`](Self::wake). Only one thread may
     /// register at a time (it is called from `poll`, which takes `&mut self`).
     pub(crate) fn register(&self, waker: &Waker) {
-        match self.state.compare_exchange(WAITING, REGISTERING, Ordering::Acquire, Ordering::Acquire) {
+        match self.state.compare_exchange(
+            WAITING,
+            REGISTERING,
+            Ordering::Acquire,
+            Ordering::Acquire,
+        ) {
             Ok(_) => {
                 // SAFETY: REGISTERING gives this thread the cell: `wake` claims it only from WAITING.
                 self.waker.with_mut(|cell| unsafe {
@@ -59,9 +67,12 @@ impl AtomicWaker {
                         _ => *cell = Some(waker.clone()),
                     }
                 });
-                if let Err(actual) =
-                    self.state.compare_exchange(REGISTERING, WAITING, Ordering::AcqRel, Ordering::Acquire)
-                {
+                if let Err(actual) = self.state.compare_exchange(
+                    REGISTERING,
+                    WAITING,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
                     // A wake came while we registered: it left the waking to us.
                     debug_assert_eq!(actual, REGISTERING | WAKING, "concurrent register");
                     // SAFETY: still ours: the waker saw REGISTERING and did not touch the cell.
@@ -103,7 +114,10 @@ fn wake_task(shared: Arc<SleepWaker>) -> Task {
 /// The timer behind a [`Sleep`], or why there is none.
 enum Registration {
     Armed(TimerHandle),
-    Failed { shard: Arc<ShardShared>, error: ScheduleError },
+    Failed {
+        shard: Arc<ShardShared>,
+        error: ScheduleError,
+    },
 }
 
 /// A future that completes at a deadline: see [`Timer::sleep`](crate::Timer::sleep).
@@ -121,20 +135,33 @@ pub struct Sleep {
 
 impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sleep").field("deadline", &self.deadline).field("elapsed", &self.elapsed).finish()
+        f.debug_struct("Sleep")
+            .field("deadline", &self.deadline)
+            .field("elapsed", &self.elapsed)
+            .finish()
     }
 }
 
 impl Sleep {
     /// A sleep until `deadline` on `shard`.
     pub(crate) fn new(shard: &Arc<ShardShared>, deadline: Instant) -> Sleep {
-        let shared = Arc::new(SleepWaker { waker: AtomicWaker::new() });
+        let shared = Arc::new(SleepWaker {
+            waker: AtomicWaker::new(),
+        });
         let tick = shard.clock.tick_at(deadline);
         let registration = match ShardShared::submit(shard, tick, wake_task(shared.clone())) {
             Ok(handle) => Registration::Armed(handle),
-            Err(error) => Registration::Failed { shard: shard.clone(), error },
+            Err(error) => Registration::Failed {
+                shard: shard.clone(),
+                error,
+            },
         };
-        Sleep { registration, shared, deadline, elapsed: false }
+        Sleep {
+            registration,
+            shared,
+            deadline,
+            elapsed: false,
+        }
     }
 
     fn shard(&self) -> &Arc<ShardShared> {
@@ -169,7 +196,8 @@ impl Sleep {
             Registration::Failed { shard, .. } => shard.clone(),
         };
         let tick = shard.clock.tick_at(deadline);
-        self.registration = match ShardShared::submit(&shard, tick, wake_task(self.shared.clone())) {
+        self.registration = match ShardShared::submit(&shard, tick, wake_task(self.shared.clone()))
+        {
             Ok(handle) => Registration::Armed(handle),
             Err(error) => Registration::Failed { shard, error },
         };
@@ -284,7 +312,11 @@ pub struct Interval {
 
 impl Interval {
     pub(crate) fn new(sleep: Sleep, period: Duration, missed: MissedTicks) -> Interval {
-        Interval { sleep, period, missed }
+        Interval {
+            sleep,
+            period,
+            missed,
+        }
     }
 
     /// Completes at the next tick with the instant it was due.

@@ -47,7 +47,12 @@ pub(crate) struct Repeating<F> {
 impl<F: FnMut() + Send + 'static> Repeating<F> {
     /// A repeating task whose first run is due at `first_due` (grid point 0).
     pub(crate) fn new(function: F, cadence: Cadence, first_due: u64) -> Repeating<F> {
-        Repeating { function, cadence, anchor: first_due, point: 0 }
+        Repeating {
+            function,
+            cadence,
+            anchor: first_due,
+            point: 0,
+        }
     }
 
     fn grid(&self, point: u64, period: u64) -> u64 {
@@ -115,29 +120,56 @@ mod tests {
 
     #[test]
     fn fixed_rate_on_time_follows_the_grid() {
-        let cadence = Cadence::FixedRate { period: 100, missed: MissedTicks::Skip };
-        assert_eq!(ran(cadence, &[(100, 100, 110), (200, 200, 210)]), [200, 300]);
+        let cadence = Cadence::FixedRate {
+            period: 100,
+            missed: MissedTicks::Skip,
+        };
+        assert_eq!(
+            ran(cadence, &[(100, 100, 110), (200, 200, 210)]),
+            [200, 300]
+        );
     }
 
     #[test]
     fn missed_ticks_policies() {
         // The first run (due 100) starts at 350: grid points 200 and 300 were missed.
-        let burst = Cadence::FixedRate { period: 100, missed: MissedTicks::Burst };
-        assert_eq!(ran(burst, &[(100, 350, 360), (200, 360, 361), (300, 361, 362)]), [200, 300, 400]);
-        let skip = Cadence::FixedRate { period: 100, missed: MissedTicks::Skip };
+        let burst = Cadence::FixedRate {
+            period: 100,
+            missed: MissedTicks::Burst,
+        };
+        assert_eq!(
+            ran(burst, &[(100, 350, 360), (200, 360, 361), (300, 361, 362)]),
+            [200, 300, 400]
+        );
+        let skip = Cadence::FixedRate {
+            period: 100,
+            missed: MissedTicks::Skip,
+        };
         assert_eq!(ran(skip, &[(100, 350, 360)]), [400]);
-        let delay = Cadence::FixedRate { period: 100, missed: MissedTicks::Delay };
+        let delay = Cadence::FixedRate {
+            period: 100,
+            missed: MissedTicks::Delay,
+        };
         assert_eq!(ran(delay, &[(100, 350, 360), (450, 450, 455)]), [450, 550]);
     }
 
     #[test]
     fn fixed_delay_measures_from_the_end() {
-        assert_eq!(ran(Cadence::FixedDelay { delay: 50 }, &[(100, 100, 130), (180, 185, 200)]), [180, 250]);
+        assert_eq!(
+            ran(
+                Cadence::FixedDelay { delay: 50 },
+                &[(100, 100, 130), (180, 185, 200)]
+            ),
+            [180, 250]
+        );
     }
 
     #[test]
     fn a_reset_restarts_the_grid() {
-        let cadence = Cadence::FixedRate { period: 100, missed: MissedTicks::Skip };
+        let cadence = Cadence::FixedRate {
+            period: 100,
+            missed: MissedTicks::Skip,
+        };
         let mut repeating = Repeating::new(|| {}, cadence, 100);
         assert_eq!(repeating.run(100, &|| 101), Some(200));
         // Armed for 200, but a reset moved the run to 250.

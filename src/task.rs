@@ -41,13 +41,19 @@ struct TaskVTable {
 
 /// Whether a closure of type `F` is stored inline.
 const fn fits_inline<F>() -> bool {
-    mem::size_of::<F>() <= mem::size_of::<Storage>() && mem::align_of::<F>() <= mem::align_of::<Storage>()
+    mem::size_of::<F>() <= mem::size_of::<Storage>()
+        && mem::align_of::<F>() <= mem::align_of::<Storage>()
 }
 
 struct InlineVTable<F, const RUNS_INLINE: bool>(std::marker::PhantomData<F>);
 
 impl<F: FnOnce(), const RUNS_INLINE: bool> InlineVTable<F, RUNS_INLINE> {
-    const VTABLE: TaskVTable = TaskVTable { call: Self::call, repeat: None, drop: Self::drop, runs_inline: RUNS_INLINE };
+    const VTABLE: TaskVTable = TaskVTable {
+        call: Self::call,
+        repeat: None,
+        drop: Self::drop,
+        runs_inline: RUNS_INLINE,
+    };
 
     /// # Safety
     /// `storage` holds a live `F` written by [`Task::new`]; it is not used again afterwards.
@@ -69,7 +75,12 @@ impl<F: FnOnce(), const RUNS_INLINE: bool> InlineVTable<F, RUNS_INLINE> {
 struct BoxedVTable<F, const RUNS_INLINE: bool>(std::marker::PhantomData<F>);
 
 impl<F: FnOnce(), const RUNS_INLINE: bool> BoxedVTable<F, RUNS_INLINE> {
-    const VTABLE: TaskVTable = TaskVTable { call: Self::call, repeat: None, drop: Self::drop, runs_inline: RUNS_INLINE };
+    const VTABLE: TaskVTable = TaskVTable {
+        call: Self::call,
+        repeat: None,
+        drop: Self::drop,
+        runs_inline: RUNS_INLINE,
+    };
 
     /// # Safety
     /// `storage` holds a live `Box<F>` written by [`Task::new`]; it is not used again.
@@ -90,8 +101,12 @@ impl<F: FnOnce(), const RUNS_INLINE: bool> BoxedVTable<F, RUNS_INLINE> {
 struct RepeatVTable<R>(std::marker::PhantomData<R>);
 
 impl<R: Repeat> RepeatVTable<R> {
-    const VTABLE: TaskVTable =
-        TaskVTable { call: Self::call, repeat: Some(Self::repeat), drop: Self::drop, runs_inline: false };
+    const VTABLE: TaskVTable = TaskVTable {
+        call: Self::call,
+        repeat: Some(Self::repeat),
+        drop: Self::drop,
+        runs_inline: false,
+    };
 
     /// # Safety
     /// `storage` holds a live `Box<R>` written by [`Task::new_repeating`]; it is not used again.
@@ -133,11 +148,22 @@ impl Task {
         if fits_inline::<F>() {
             // SAFETY: fits_inline guarantees size and alignment fit the storage.
             unsafe { storage.as_mut_ptr().cast::<F>().write(function) };
-            Task { vtable: &InlineVTable::<F, RUNS_INLINE>::VTABLE, storage }
+            Task {
+                vtable: &InlineVTable::<F, RUNS_INLINE>::VTABLE,
+                storage,
+            }
         } else {
             // SAFETY: a Box is one pointer, which fits the two-word storage.
-            unsafe { storage.as_mut_ptr().cast::<Box<F>>().write(Box::new(function)) };
-            Task { vtable: &BoxedVTable::<F, RUNS_INLINE>::VTABLE, storage }
+            unsafe {
+                storage
+                    .as_mut_ptr()
+                    .cast::<Box<F>>()
+                    .write(Box::new(function))
+            };
+            Task {
+                vtable: &BoxedVTable::<F, RUNS_INLINE>::VTABLE,
+                storage,
+            }
         }
     }
 
@@ -155,8 +181,16 @@ impl Task {
     pub(crate) fn new_repeating<R: Repeat>(repeat: R) -> Task {
         let mut storage = Storage::uninit();
         // SAFETY: a Box is one pointer, which fits the two-word storage.
-        unsafe { storage.as_mut_ptr().cast::<Box<R>>().write(Box::new(repeat)) };
-        Task { vtable: &RepeatVTable::<R>::VTABLE, storage }
+        unsafe {
+            storage
+                .as_mut_ptr()
+                .cast::<Box<R>>()
+                .write(Box::new(repeat))
+        };
+        Task {
+            vtable: &RepeatVTable::<R>::VTABLE,
+            storage,
+        }
     }
 
     /// Whether the shard runs this task on its own thread.
@@ -178,7 +212,11 @@ impl Task {
     }
 
     /// One run of a repeating task; see [`Repeat::run`]. `None` for one-shot tasks.
-    pub(crate) fn run_repeating(&mut self, start_nanos: u64, now_nanos: &dyn Fn() -> u64) -> Option<u64> {
+    pub(crate) fn run_repeating(
+        &mut self,
+        start_nanos: u64,
+        now_nanos: &dyn Fn() -> u64,
+    ) -> Option<u64> {
         self.as_repeat()?.run(start_nanos, now_nanos)
     }
 
@@ -206,7 +244,10 @@ impl Drop for Task {
 
 impl std::fmt::Debug for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Task").field("runs_inline", &self.runs_inline()).field("repeating", &self.is_repeating()).finish()
+        f.debug_struct("Task")
+            .field("runs_inline", &self.runs_inline())
+            .field("repeating", &self.is_repeating())
+            .finish()
     }
 }
 

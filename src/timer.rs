@@ -6,12 +6,12 @@ use crate::engine::executor::{Dispatch, Executor};
 use crate::engine::shard::{PendingLimit, ShardCore, ShardShared, UnfiredTimer};
 use crate::engine::{Drive, Engine, worker};
 use crate::error::{BuildError, ScheduleError};
+use crate::futures::{Interval, Sleep, Timeout};
+use crate::periodic::{Cadence, MissedTicks, Repeating};
 use crate::stats::Stats;
 use crate::sync::{Arc, Mutex, registry, thread};
 use crate::task::Task;
 use crate::wheel::{DEFAULT_LEVELS, MAX_LEVELS};
-use crate::futures::{Interval, Sleep, Timeout};
-use crate::periodic::{Cadence, MissedTicks, Repeating};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -135,7 +135,12 @@ impl Timer {
     /// slow run or a busy executor made it miss. The handle's `cancel` stops future runs (a run
     /// in progress finishes); `reset` moves the next run and restarts the grid from it. A
     /// panicking run stops the timer and is counted in [`Stats::panicked`].
-    pub fn schedule_repeating<F>(&self, period: Duration, missed: MissedTicks, task: F) -> Result<TimerHandle, ScheduleError>
+    pub fn schedule_repeating<F>(
+        &self,
+        period: Duration,
+        missed: MissedTicks,
+        task: F,
+    ) -> Result<TimerHandle, ScheduleError>
     where
         F: FnMut() + Send + 'static,
     {
@@ -163,7 +168,12 @@ impl Timer {
 
     /// Runs `task` first after `initial_delay`, then each time `delay` after the previous run
     /// returned (fixed delay). Otherwise as [`schedule_repeating`](Self::schedule_repeating).
-    pub fn schedule_with_fixed_delay<F>(&self, initial_delay: Duration, delay: Duration, task: F) -> Result<TimerHandle, ScheduleError>
+    pub fn schedule_with_fixed_delay<F>(
+        &self,
+        initial_delay: Duration,
+        delay: Duration,
+        task: F,
+    ) -> Result<TimerHandle, ScheduleError>
     where
         F: FnMut() + Send + 'static,
     {
@@ -174,14 +184,25 @@ impl Timer {
         self.submit_repeating(initial_delay, Cadence::FixedDelay { delay }, task)
     }
 
-    fn submit_repeating<F>(&self, initial_delay: Duration, cadence: Cadence, task: F) -> Result<TimerHandle, ScheduleError>
+    fn submit_repeating<F>(
+        &self,
+        initial_delay: Duration,
+        cadence: Cadence,
+        task: F,
+    ) -> Result<TimerHandle, ScheduleError>
     where
         F: FnMut() + Send + 'static,
     {
         let engine = &self.inner.engine;
-        let first_due = engine.clock.now_nanos().saturating_add(nanos(initial_delay));
+        let first_due = engine
+            .clock
+            .now_nanos()
+            .saturating_add(nanos(initial_delay));
         let repeating = Repeating::new(task, cadence, first_due);
-        engine.submit(engine.clock.tick_at_nanos(first_due), Task::new_repeating(repeating))
+        engine.submit(
+            engine.clock.tick_at_nanos(first_due),
+            Task::new_repeating(repeating),
+        )
     }
 
     /// A future that completes once `delay` has passed. Its timer wakes the task inline on the
@@ -199,7 +220,10 @@ impl Timer {
         match deadline {
             Some(deadline) => self.sleep_until(deadline),
             // Beyond representable time: a sleep that never completes.
-            None => Sleep::new(self.inner.engine.home_shard(), far_future(self.clock().now())),
+            None => Sleep::new(
+                self.inner.engine.home_shard(),
+                far_future(self.clock().now()),
+            ),
         }
     }
 
@@ -230,7 +254,11 @@ impl Timer {
     }
 
     /// An [`Interval`] ticking every `period`, first one period from now.
-    pub fn interval(&self, period: Duration, missed: MissedTicks) -> Result<Interval, ScheduleError> {
+    pub fn interval(
+        &self,
+        period: Duration,
+        missed: MissedTicks,
+    ) -> Result<Interval, ScheduleError> {
         if period.is_zero() {
             return Err(ScheduleError::ZeroPeriod);
         }

@@ -163,8 +163,7 @@ impl ShardShared {
             },
             deadline,
         ) {
-            // The shard is gone: this timer ends here, cancelled by the shutdown.
-            shard.slots.end_run_after_shutdown(index);
+            // The shard is gone: the discard below ends this timer (see there).
             shard.discard_late_messages();
         }
     }
@@ -173,7 +172,12 @@ impl ShardShared {
     /// it belongs to rejected schedules or to timers shutdown already settled).
     pub(crate) fn discard_late_messages(&self) {
         while let Some(message) = self.inbox.pop() {
-            drop(message);
+            // The shard will never apply these: end the repeating timers they hand back.
+            if let Message::Rearm { index, .. } = message {
+                if self.slots.end_run_after_shutdown(index) {
+                    self.count_cancelled(1);
+                }
+            }
         }
     }
 }

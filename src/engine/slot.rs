@@ -425,8 +425,8 @@ impl SlotTable {
     }
 
     /// A repeating timer's run ended after its shard shut down: it counts as cancelled by the
-    /// shutdown, and nothing holds it for the shard any more.
-    pub(crate) fn end_run_after_shutdown(&self, index: u32) {
+    /// shutdown, and nothing holds it for the shard any more. True iff this call cancelled it.
+    pub(crate) fn end_run_after_shutdown(&self, index: u32) -> bool {
         let slot = self.word(index);
         let mut word = slot.load(Ordering::Acquire);
         loop {
@@ -441,7 +441,7 @@ impl SlotTable {
                     if is_unreferenced(new) {
                         self.free(index, new);
                     }
-                    return;
+                    return lifecycle_of(word) == PENDING;
                 }
                 Err(actual) => word = actual,
             }

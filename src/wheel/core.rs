@@ -54,7 +54,10 @@ impl Links {
 
     /// Records, in an entry that is out of the wheel, a deadline to use when it comes back.
     pub(crate) fn set_deferred_deadline(&mut self, deadline: u64) {
-        debug_assert!(!self.is_linked(), "deferring the deadline of a linked entry");
+        debug_assert!(
+            !self.is_linked(),
+            "deferring the deadline of a linked entry"
+        );
         self.deadline = deadline;
         self.next = DEFERRED;
     }
