@@ -15,13 +15,14 @@ use std::time::{Duration, Instant};
 /// has been handed to run. This is also how the loom models drive the engine.
 ///
 /// ```
-/// use shardwheel::{Clock, Timer};
+/// use shardwheel::{Clock, Executor, Timer};
 /// use std::sync::atomic::{AtomicBool, Ordering};
 /// use std::sync::Arc;
 /// use std::time::Duration;
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let clock = Clock::manual();
-/// let timer = Timer::builder().clock(clock.clone()).build()?;
+/// // Inline execution: `advance` returns after the due tasks have run, not just been handed off.
+/// let timer = Timer::builder().clock(clock.clone()).executor(Executor::Inline).build()?;
 /// let fired = Arc::new(AtomicBool::new(false));
 /// let flag = fired.clone();
 /// timer.schedule(Duration::from_secs(3600), move || flag.store(true, Ordering::SeqCst))?;

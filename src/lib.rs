@@ -43,3 +43,8 @@ pub use futures::{Elapsed, Interval, Sleep, Timeout};
 pub use periodic::MissedTicks;
 pub use stats::{ShardStats, Stats};
 pub use timer::{Builder, Timer};
+
+/// The README's examples, compiled and run as doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
