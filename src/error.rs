@@ -48,7 +48,9 @@ impl std::error::Error for BuildError {
     }
 }
 
-/// Why a timer was not scheduled. The task was dropped without running, and no counter moved.
+/// Why a timer was not scheduled. Its task never runs and no counter moved. The task is dropped
+/// before `schedule` returns, except when the schedule lost a race with `shutdown()`: then it is
+/// dropped by the time `shutdown()` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ScheduleError {

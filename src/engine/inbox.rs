@@ -6,13 +6,13 @@
 //! ```text
 //!  63                                   4      3        2       1      0
 //! +--------------------------------------+---------+--------+------+--------+
-//! | messages pushed since the last drain | DRAINED | CLOSED | LONG | PARKED |
+//! | messages counted, not yet consumed   | DRAINED | CLOSED | LONG | PARKED |
 //! +--------------------------------------+---------+--------+------+--------+
 //! ```
 //!
 //! A submitter pushes its message, **then** adds one to the count (one read-modify-write that
-//! also returns the flags). The shard resets the count to zero before it drains, and parks
-//! only with a compare-and-swap that expects the count to still be zero. So either the shard's
+//! also returns the flags). The shard subtracts what it popped, and parks only with a
+//! compare-and-swap that expects the count to be zero. So either the shard's
 //! park fails (it drains again) or the submitter's add sees PARKED and decides whether to wake:
 //! no wake-up is lost, and no lock or fence is needed. See `loom-tests/` for the model.
 //!
@@ -38,7 +38,10 @@ const LONG: u64 = 1 << 1;
 const CLOSED: u64 = 1 << 2;
 const DRAINED: u64 = 1 << 3;
 const FLAGS: u64 = (1 << 4) - 1;
-const MESSAGE_ONE: u64 = 1 << 4;
+const MESSAGE_SHIFT: u32 = 4;
+const MESSAGE_ONE: u64 = 1 << MESSAGE_SHIFT;
+/// Undrained messages past which submitters yield to the shard.
+const BACKLOG_LIMIT: u64 = 64 * 1024;
 
 /// How long a shard that just processed messages sleeps at most before looking again.
 pub(crate) const DRAIN_INTERVAL: Duration = Duration::from_millis(1);
@@ -145,6 +148,14 @@ impl Inbox {
                 drained: old & DRAINED != 0,
             };
         }
+        if (old as i64) >> MESSAGE_SHIFT >= BACKLOG_LIMIT as i64 {
+            // Backpressure: the shard is this far behind (its threads may be starved by the
+            // submitters themselves): wake it and give up this thread's time slice, so that
+            // undrained messages, and with them memory, stay bounded.
+            self.wake();
+            thread::yield_now();
+            return PushOutcome::Delivered;
+        }
         if old & PARKED != 0
             && (old & LONG != 0 || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
         {
@@ -160,9 +171,13 @@ impl Inbox {
         }
     }
 
-    /// The shard starts a drain: forget the count, then pop until empty.
-    pub(crate) fn begin_drain(&self) {
-        self.signal.fetch_and(FLAGS, Ordering::AcqRel);
+    /// The shard popped `count` messages: take them off the count. The count may dip below
+    /// zero for a moment (a message popped before its pusher counted it); it wraps, and the
+    /// pusher's add brings it back.
+    pub(crate) fn consumed(&self, count: usize) {
+        if count > 0 {
+            self.signal.fetch_sub((count as u64) << MESSAGE_SHIFT, Ordering::AcqRel);
+        }
     }
 
     /// Pops one message (shard, or a late submitter after DRAINED).
@@ -171,7 +186,7 @@ impl Inbox {
     }
 
     /// Parks the shard until `wake_tick` (which `timeout` measures from now; `None` = no
-    /// deadline), unless messages arrived since [`begin_drain`](Self::begin_drain).
+    /// deadline), unless messages are counted that the shard has not [`consumed`](Self::consumed).
     pub(crate) fn park(
         &self,
         wake_tick: u64,

@@ -12,5 +12,5 @@ pub(crate) mod shard;
 pub(crate) mod slot;
 pub(crate) mod worker;
 
-mod engine;
-pub(crate) use engine::{Drive, Engine};
+mod timer_engine;
+pub(crate) use timer_engine::{Drive, Engine};

@@ -461,6 +461,7 @@ impl ShardCore {
         while self.drain_inbox(&mut handoff) > 0 {}
         self.shared.inbox.mark_drained();
         while self.drain_inbox(&mut handoff) > 0 {}
+        // The count no longer matters: nothing parks on this inbox again.
         let shared = self.shared.clone();
         let mut unfired = Vec::new();
         for (index, entry) in self.entries.0.iter_mut().enumerate() {

@@ -4,14 +4,22 @@
 use super::executor::Dispatch;
 use super::inbox::{DRAIN_INTERVAL, ParkOutcome};
 use super::shard::{DRAIN_BATCH, Handoff, ShardCore, ShardShared};
-use crate::sync::{Arc, thread_local};
+use crate::sync::{Arc, thread, thread_local};
 use std::cell::{Cell, RefCell};
 
+#[cfg(not(loom))]
 thread_local! {
     /// While a worker thread runs user code (inline tasks, task drops), its core waits here,
     /// so that a `shutdown()` called from that user code can take and close it.
-    static PARKED_CORE: RefCell<Option<ShardCore>> = RefCell::new(None);
+    static PARKED_CORE: RefCell<Option<ShardCore>> = const { RefCell::new(None) };
     /// This thread's home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
+    static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+// Loom's thread-locals take no `const` initializers.
+#[cfg(loom)]
+thread_local! {
+    static PARKED_CORE: RefCell<Option<ShardCore>> = RefCell::new(None);
     static HOME: Cell<usize> = Cell::new(usize::MAX);
 }
 
@@ -85,8 +93,8 @@ pub(crate) fn run(
     let mut handoff = Handoff::default();
     let mut active = false;
     loop {
-        shared.inbox.begin_drain();
         let drained = core.drain_inbox(&mut handoff);
+        shared.inbox.consumed(drained);
         active |= drained > 0;
         core.expire(clock.now_tick(), &mut handoff);
         core.flush_counters();
@@ -115,8 +123,11 @@ pub(crate) fn run(
             (next, next > drain_tick)
         };
         active = false;
-        if shared.inbox.park(wake, clock.until_tick(wake), long) == ParkOutcome::Closed {
-            return Some(core);
+        match shared.inbox.park(wake, clock.until_tick(wake), long) {
+            ParkOutcome::Closed => return Some(core),
+            // Counted but not in the queue yet: its pusher is between push and count.
+            ParkOutcome::MessagesWaiting if drained == 0 => thread::yield_now(),
+            ParkOutcome::MessagesWaiting | ParkOutcome::Woke => {}
         }
     }
 }

@@ -898,18 +898,25 @@ fn advancing_backwards_does_not_move_time_back() {
     assert_eq!(advance_values(&mut wheel, 1500), [1500]);
 }
 
-/// The docs of `Wheel::insert` ("A deadline at or before the current tick expires at the next
-/// advance_to") and of `WheelCore::advance_to` ("`now` before the current tick only expires what
-/// is due at the current tick") promise that an entry inserted in the past is handed out even by
-/// an `advance_to(now)` with `now` earlier than `elapsed()`. The code does not: `advance_to`
-/// breaks as soon as the due tick (`elapsed`) exceeds `now`, so nothing fires. Ignored until
-/// either the docs or the code change.
+/// `Wheel::insert` promises that "a deadline at or before the current tick expires at the next
+/// `advance_to`": that includes an `advance_to(now)` with `now` before `elapsed()`, which counts
+/// as the current tick (and does not move time back).
 #[test]
-#[ignore = "docs and code disagree on advance_to(now < elapsed()) with past-deadline entries"]
 fn past_deadline_fires_even_when_advancing_to_an_earlier_tick() {
-    let mut wheel = wheel_at(None, 1000);
-    wheel.insert(10, 10).unwrap();
-    assert_eq!(advance_values(&mut wheel, 999), [10]);
+    for levels in level_choices() {
+        let mut wheel = wheel_at(levels, 1000);
+        wheel.insert(10, 10).unwrap();
+        wheel.insert(1000, 1000).unwrap();
+        wheel.insert(1001, 1001).unwrap();
+        let mut fired = advance_values(&mut wheel, 999);
+        fired.sort_unstable();
+        assert_eq!(fired, [10, 1000], "{levels:?}");
+        assert_eq!(wheel.elapsed(), 1000);
+        assert_eq!(wheel.len(), 1);
+        wheel.insert(0, 0).unwrap();
+        assert_eq!(advance_values(&mut wheel, 0), [0]);
+        assert_eq!(advance_values(&mut wheel, 1001), [1001]);
+    }
 }
 
 // ----------------------------------------------------------------------------------------

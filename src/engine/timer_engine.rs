@@ -124,8 +124,13 @@ impl Engine {
                 {
                     let mut guard = lock(slot);
                     let Some(core) = guard.as_mut() else { continue };
-                    shard.inbox.begin_drain();
-                    while core.drain_inbox(&mut handoff) > 0 {}
+                    loop {
+                        let drained = core.drain_inbox(&mut handoff);
+                        shard.inbox.consumed(drained);
+                        if drained == 0 {
+                            break;
+                        }
+                    }
                     core.expire(self.clock.now_tick(), &mut handoff);
                     core.flush_counters();
                 }

@@ -1,0 +1,401 @@
+//! Command-line flags, parsed by hand: any mistake is a clear message and exit code 2.
+
+use std::path::PathBuf;
+
+pub(crate) const USAGE: &str = "\
+shardwheel-load: runs the workloads of WORKLOADS.md against shardwheel (and baselines)
+
+usage: shardwheel-load [FLAGS]
+
+  --workloads LIST   which workloads, comma-separated: churn,storm,memory,idle,reset
+                     (or W1..W5, or all; default all)
+  --threads T|LIST   submitting threads: a maximum (runs 1..=T) or a list like 1,2,4
+                     (default 1..=cores)
+  --timers N         timers per workload, overriding P (churn), N (storm, memory),
+                     the idle count and C (reset); accepts 1000000, 1_000_000, 1M, 500k
+  --seconds S        length of the timed loops (churn, idle, reset; default 5)
+  --compare LIST     also run baselines: tokio, heap, or tokio,heap
+  --json FILE        write one JSON object per line per metric to FILE
+  --plot FILE.svg    draw throughput by thread count for each workload
+  --quick            tiny sizes and short loops (CI smoke run, well under 20 s)
+  --no-probes        skip the limit probes (handoff, local_insert)
+  --no-progress      no progress bars
+  -h, --help         this text
+";
+
+/// A workload of WORKLOADS.md.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Workload {
+    Churn,
+    Storm,
+    Memory,
+    Idle,
+    Reset,
+}
+
+impl Workload {
+    pub(crate) const ALL: [Workload; 5] = [
+        Workload::Churn,
+        Workload::Storm,
+        Workload::Memory,
+        Workload::Idle,
+        Workload::Reset,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Workload::Churn => "churn",
+            Workload::Storm => "storm",
+            Workload::Memory => "memory",
+            Workload::Idle => "idle",
+            Workload::Reset => "reset",
+        }
+    }
+
+    pub(crate) fn id(self) -> &'static str {
+        match self {
+            Workload::Churn => "W1",
+            Workload::Storm => "W2",
+            Workload::Memory => "W3",
+            Workload::Idle => "W4",
+            Workload::Reset => "W5",
+        }
+    }
+
+    fn parse(word: &str) -> Option<Workload> {
+        Workload::ALL
+            .into_iter()
+            .find(|w| w.name().eq_ignore_ascii_case(word) || w.id().eq_ignore_ascii_case(word))
+    }
+}
+
+/// A baseline of `--compare`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Baseline {
+    Tokio,
+    Heap,
+}
+
+/// Everything a run needs to know.
+#[derive(Clone, Debug)]
+pub(crate) struct Config {
+    pub(crate) workloads: Vec<Workload>,
+    pub(crate) threads: Vec<usize>,
+    pub(crate) compare: Vec<Baseline>,
+    pub(crate) json: Option<PathBuf>,
+    pub(crate) plot: Option<PathBuf>,
+    pub(crate) quick: bool,
+    pub(crate) probes: bool,
+    pub(crate) progress: bool,
+    /// The timed loops (churn, idle, reset), seconds.
+    pub(crate) seconds: f64,
+    /// P of the churn.
+    pub(crate) churn_timers: usize,
+    /// N of the storm.
+    pub(crate) storm_timers: usize,
+    /// The N values of the memory workload.
+    pub(crate) memory_timers: Vec<usize>,
+    /// Pending timers of the idle workload.
+    pub(crate) idle_timers: usize,
+    /// C of the reset workload.
+    pub(crate) reset_timers: usize,
+    /// Messages per producer in the handoff probe.
+    pub(crate) probe_messages: usize,
+    /// Length of the local_insert probe, seconds.
+    pub(crate) probe_seconds: f64,
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub(crate) enum Parsed {
+    Run(Box<Config>),
+    Help,
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// Parses a count: digits with optional `_` separators, and an optional k/M/G suffix.
+fn parse_count(flag: &str, text: &str) -> Result<usize, String> {
+    let cleaned: String = text.chars().filter(|c| *c != '_').collect();
+    let (digits, factor) = match cleaned.chars().last() {
+        Some('k' | 'K') => (&cleaned[..cleaned.len() - 1], 1_000),
+        Some('m' | 'M') => (&cleaned[..cleaned.len() - 1], 1_000_000),
+        Some('g' | 'G') => (&cleaned[..cleaned.len() - 1], 1_000_000_000),
+        _ => (cleaned.as_str(), 1),
+    };
+    let value: usize = digits
+        .parse()
+        .map_err(|_| format!("{flag} expects a count like 1000000 or 1M, not '{text}'"))?;
+    value
+        .checked_mul(factor)
+        .filter(|v| *v > 0)
+        .ok_or_else(|| format!("{flag} expects a positive count that fits, not '{text}'"))
+}
+
+fn parse_threads(text: &str) -> Result<Vec<usize>, String> {
+    let parts: Vec<&str> = text.split(',').map(str::trim).collect();
+    let mut counts = Vec::new();
+    for part in &parts {
+        let count: usize = part
+            .parse()
+            .map_err(|_| format!("--threads expects a count or a list like 1,2,4, not '{text}'"))?;
+        if !(1..=1024).contains(&count) {
+            return Err(format!(
+                "--threads: thread counts must be 1 to 1024, not {count}"
+            ));
+        }
+        counts.push(count);
+    }
+    if parts.len() == 1 {
+        counts = (1..=counts[0]).collect();
+    }
+    counts.sort_unstable();
+    counts.dedup();
+    Ok(counts)
+}
+
+fn parse_list<T>(
+    flag: &str,
+    text: &str,
+    parse: impl Fn(&str) -> Option<Vec<T>>,
+    expected: &str,
+) -> Result<Vec<T>, String>
+where
+    T: PartialEq,
+{
+    let mut items = Vec::new();
+    for word in text.split(',').map(str::trim) {
+        let parsed = parse(word)
+            .ok_or_else(|| format!("{flag}: unknown name '{word}' (expected {expected})"))?;
+        for item in parsed {
+            if !items.contains(&item) {
+                items.push(item);
+            }
+        }
+    }
+    Ok(items)
+}
+
+/// Parses the arguments (without the program name).
+pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, String> {
+    let mut args = args.into_iter();
+    let mut workloads = None;
+    let mut threads = None;
+    let mut compare = Vec::new();
+    let mut json = None;
+    let mut plot = None;
+    let mut quick = false;
+    let mut probes = true;
+    let mut progress = true;
+    let mut timers = None;
+    let mut seconds = None;
+
+    while let Some(arg) = args.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_string(), Some(value.to_string()))
+            }
+            _ => (arg.clone(), None),
+        };
+        let takes_value = matches!(
+            flag.as_str(),
+            "--workloads"
+                | "--threads"
+                | "--timers"
+                | "--seconds"
+                | "--compare"
+                | "--json"
+                | "--plot"
+        );
+        let value = if takes_value {
+            match inline {
+                Some(value) => value,
+                None => args.next().ok_or_else(|| format!("{flag} needs a value"))?,
+            }
+        } else {
+            if inline.is_some() {
+                return Err(format!("{flag} takes no value"));
+            }
+            String::new()
+        };
+        if takes_value && value.trim().is_empty() {
+            return Err(format!("{flag} needs a non-empty value"));
+        }
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(Parsed::Help),
+            "--quick" => quick = true,
+            "--no-probes" => probes = false,
+            "--no-progress" => progress = false,
+            "--workloads" => {
+                workloads = Some(parse_list(
+                    "--workloads",
+                    &value,
+                    |word| {
+                        if word.eq_ignore_ascii_case("all") {
+                            Some(Workload::ALL.to_vec())
+                        } else {
+                            Workload::parse(word).map(|w| vec![w])
+                        }
+                    },
+                    "churn, storm, memory, idle, reset, W1..W5 or all",
+                )?);
+            }
+            "--compare" => {
+                compare = parse_list(
+                    "--compare",
+                    &value,
+                    |word| match word.to_ascii_lowercase().as_str() {
+                        "tokio" => Some(vec![Baseline::Tokio]),
+                        "heap" => Some(vec![Baseline::Heap]),
+                        _ => None,
+                    },
+                    "tokio or heap",
+                )?;
+            }
+            "--threads" => threads = Some(parse_threads(&value)?),
+            "--timers" => timers = Some(parse_count("--timers", &value)?),
+            "--seconds" => {
+                let parsed: f64 = value.trim().parse().map_err(|_| {
+                    format!("--seconds expects a number of seconds like 5 or 0.5, not '{value}'")
+                })?;
+                if !(parsed.is_finite() && parsed > 0.0 && parsed <= 3600.0) {
+                    return Err(format!(
+                        "--seconds must be more than 0 and at most 3600, not {value}"
+                    ));
+                }
+                seconds = Some(parsed);
+            }
+            "--json" => json = Some(PathBuf::from(value)),
+            "--plot" => plot = Some(PathBuf::from(value)),
+            other if other.starts_with('-') => return Err(format!("unknown flag '{other}'")),
+            other => return Err(format!("unexpected argument '{other}'")),
+        }
+    }
+
+    let mut config = if quick {
+        Config {
+            workloads: Workload::ALL.to_vec(),
+            threads: (1..=cores()).collect(),
+            compare: Vec::new(),
+            json: None,
+            plot: None,
+            quick,
+            probes,
+            progress,
+            seconds: 0.5,
+            churn_timers: 20_000,
+            storm_timers: 20_000,
+            memory_timers: vec![20_000, 100_000],
+            idle_timers: 20_000,
+            reset_timers: 20_000,
+            probe_messages: 100_000,
+            probe_seconds: 0.1,
+        }
+    } else {
+        Config {
+            workloads: Workload::ALL.to_vec(),
+            threads: (1..=cores()).collect(),
+            compare: Vec::new(),
+            json: None,
+            plot: None,
+            quick,
+            probes,
+            progress,
+            seconds: 5.0,
+            churn_timers: 1_000_000,
+            storm_timers: 1_000_000,
+            memory_timers: vec![1_000_000, 10_000_000],
+            idle_timers: 1_000_000,
+            reset_timers: 1_000_000,
+            probe_messages: 2_000_000,
+            probe_seconds: 1.0,
+        }
+    };
+    if let Some(workloads) = workloads {
+        config.workloads = workloads;
+    }
+    if let Some(threads) = threads {
+        config.threads = threads;
+    }
+    config.compare = compare;
+    config.json = json;
+    config.plot = plot;
+    if let Some(n) = timers {
+        config.churn_timers = n;
+        config.storm_timers = n;
+        config.memory_timers = vec![n];
+        config.idle_timers = n;
+        config.reset_timers = n;
+    }
+    if let Some(seconds) = seconds {
+        config.seconds = seconds;
+    }
+    Ok(Parsed::Run(Box::new(config)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(args: &[&str]) -> Result<Config, String> {
+        match parse(args.iter().map(|s| s.to_string()))? {
+            Parsed::Run(config) => Ok(*config),
+            Parsed::Help => Err("help".into()),
+        }
+    }
+
+    #[test]
+    fn defaults_follow_workloads_md() {
+        let config = run(&[]).unwrap();
+        assert_eq!(config.churn_timers, 1_000_000);
+        assert_eq!(config.memory_timers, vec![1_000_000, 10_000_000]);
+        assert_eq!(config.seconds, 5.0);
+        assert_eq!(config.workloads.len(), 5);
+    }
+
+    #[test]
+    fn flags_parse() {
+        let config = run(&[
+            "--timers=10k",
+            "--threads",
+            "1,4,2",
+            "--workloads",
+            "W2,churn",
+            "--compare",
+            "tokio,heap",
+            "--seconds",
+            "0.25",
+        ])
+        .unwrap();
+        assert_eq!(config.storm_timers, 10_000);
+        assert_eq!(config.memory_timers, vec![10_000]);
+        assert_eq!(config.threads, vec![1, 2, 4]);
+        assert_eq!(config.workloads, vec![Workload::Storm, Workload::Churn]);
+        assert_eq!(config.compare, vec![Baseline::Tokio, Baseline::Heap]);
+        assert_eq!(config.seconds, 0.25);
+        assert_eq!(run(&["--threads", "3"]).unwrap().threads, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn bad_flags_are_errors() {
+        for bad in [
+            &["--bogus"][..],
+            &["--timers"],
+            &["--timers", "0"],
+            &["--timers", "lots"],
+            &["--threads", "0"],
+            &["--threads", "1,x"],
+            &["--seconds", "-1"],
+            &["--seconds", "nan"],
+            &["--compare", "java"],
+            &["--workloads", "churn,nope"],
+            &["--quick=yes"],
+            &["stray"],
+            &["--json", ""],
+        ] {
+            assert!(run(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+}

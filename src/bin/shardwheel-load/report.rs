@@ -1,0 +1,373 @@
+//! Results: the JSON lines, the human tables, the lateness histograms, and the anomaly log
+//! (anything an engine did wrong: early fires, lost or doubled tasks, refused schedules).
+
+use std::fmt::Write as _;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+use std::sync::Mutex;
+
+/// One measured value.
+#[derive(Clone, Debug)]
+pub(crate) struct Sample {
+    pub(crate) system: &'static str,
+    pub(crate) workload: String,
+    pub(crate) threads: usize,
+    pub(crate) metric: &'static str,
+    pub(crate) value: f64,
+    pub(crate) unit: &'static str,
+}
+
+/// A storm's lateness distribution, as counts per bucket.
+#[derive(Clone, Debug)]
+pub(crate) struct Histogram {
+    pub(crate) system: &'static str,
+    pub(crate) threads: usize,
+    pub(crate) buckets: Vec<(&'static str, u64)>,
+}
+
+static ANOMALIES: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
+
+/// Records something an engine did wrong (deduplicated, with a count).
+pub(crate) fn anomaly(message: String) {
+    let mut anomalies = ANOMALIES.lock().unwrap_or_else(|e| e.into_inner());
+    match anomalies.iter_mut().find(|(known, _)| *known == message) {
+        Some((_, count)) => *count += 1,
+        None => anomalies.push((message, 1)),
+    }
+}
+
+/// Every anomaly so far, with how often it happened.
+pub(crate) fn anomalies() -> Vec<(String, u64)> {
+    ANOMALIES.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Collects samples, writing each to the JSON file as it comes.
+pub(crate) struct Report {
+    pub(crate) samples: Vec<Sample>,
+    pub(crate) histograms: Vec<Histogram>,
+    /// Wall time of each (system, workload) run, seconds.
+    pub(crate) wall: Vec<(&'static str, &'static str, f64)>,
+    /// Free-form lines printed under a workload's table.
+    pub(crate) notes: Vec<(String, String)>,
+    json: Option<BufWriter<File>>,
+}
+
+fn json_string(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+fn json_number(value: f64) -> String {
+    if !value.is_finite() {
+        "null".to_string()
+    } else if value == value.trunc() && value.abs() < 1e15 {
+        format!("{}", value as i64)
+    } else {
+        format!("{value}")
+    }
+}
+
+impl Sample {
+    /// The sample as one JSON object (no trailing newline).
+    pub(crate) fn to_json(&self) -> String {
+        format!(
+            "{{\"system\":{},\"workload\":{},\"threads\":{},\"metric\":{},\"value\":{},\"unit\":{}}}",
+            json_string(self.system),
+            json_string(&self.workload),
+            self.threads,
+            json_string(self.metric),
+            json_number(self.value),
+            json_string(self.unit)
+        )
+    }
+}
+
+impl Report {
+    /// A report that also writes JSON lines to `json`, if given.
+    pub(crate) fn new(json: Option<&Path>) -> std::io::Result<Report> {
+        let json = match json {
+            Some(path) => Some(BufWriter::new(File::create(path)?)),
+            None => None,
+        };
+        Ok(Report {
+            samples: Vec::new(),
+            histograms: Vec::new(),
+            wall: Vec::new(),
+            notes: Vec::new(),
+            json,
+        })
+    }
+
+    /// Adds a sample (and writes its JSON line).
+    pub(crate) fn add(
+        &mut self,
+        system: &'static str,
+        workload: &str,
+        threads: usize,
+        metric: &'static str,
+        value: f64,
+        unit: &'static str,
+    ) {
+        let sample = Sample {
+            system,
+            workload: workload.to_string(),
+            threads,
+            metric,
+            value,
+            unit,
+        };
+        if let Some(json) = &mut self.json {
+            let written = writeln!(json, "{}", sample.to_json()).and_then(|()| json.flush());
+            if let Err(error) = written {
+                eprintln!("warning: could not write the JSON file: {error}");
+                self.json = None;
+            }
+        }
+        self.samples.push(sample);
+    }
+
+    /// A line to print under `workload`'s table.
+    pub(crate) fn note(&mut self, workload: &str, line: String) {
+        self.notes.push((workload.to_string(), line));
+    }
+
+    /// The systems that produced samples, shardwheel first.
+    fn systems(&self) -> Vec<&'static str> {
+        let mut systems: Vec<&'static str> = Vec::new();
+        for sample in &self.samples {
+            if sample.system != "probe" && !systems.contains(&sample.system) {
+                systems.push(sample.system);
+            }
+        }
+        systems.sort_by_key(|s| system_rank(s));
+        systems
+    }
+
+    /// The human report: one table per workload, the probes, the histograms.
+    pub(crate) fn render(&self) -> String {
+        let mut out = String::new();
+        let systems = self.systems();
+        let baselines: Vec<&str> = systems
+            .iter()
+            .copied()
+            .filter(|s| *s != "shardwheel")
+            .collect();
+        let mut workloads: Vec<&str> = Vec::new();
+        for sample in &self.samples {
+            if sample.system != "probe" && !workloads.contains(&sample.workload.as_str()) {
+                workloads.push(&sample.workload);
+            }
+        }
+        for workload in workloads {
+            let _ = writeln!(out, "\n== {workload} ==");
+            let mut header = format!("{:<50} {:>3}", "metric", "T");
+            for system in &systems {
+                let _ = write!(header, " {system:>12}");
+            }
+            for baseline in &baselines {
+                let _ = write!(header, " {:>12}", format!("sw/{baseline}"));
+            }
+            let _ = writeln!(out, "{header}");
+            let mut metrics: Vec<(&'static str, &'static str)> = Vec::new();
+            let mut threads: Vec<usize> = Vec::new();
+            for sample in self.samples.iter().filter(|s| s.workload == workload) {
+                if !metrics.iter().any(|(m, _)| *m == sample.metric) {
+                    metrics.push((sample.metric, sample.unit));
+                }
+                if !threads.contains(&sample.threads) {
+                    threads.push(sample.threads);
+                }
+            }
+            threads.sort_unstable();
+            for (metric, unit) in metrics {
+                for &t in &threads {
+                    let value = |system: &str| {
+                        self.samples
+                            .iter()
+                            .find(|s| {
+                                s.workload == workload
+                                    && s.metric == metric
+                                    && s.threads == t
+                                    && s.system == system
+                            })
+                            .map(|s| s.value)
+                    };
+                    let label = format!("{metric} [{unit}] {}", direction(metric));
+                    let mut line = format!("{label:<50} {t:>3}");
+                    for system in &systems {
+                        let cell = value(system).map_or("-".to_string(), |v| format_value(v, unit));
+                        let _ = write!(line, " {cell:>12}");
+                    }
+                    for baseline in &baselines {
+                        let cell = match (value("shardwheel"), value(baseline)) {
+                            (Some(sw), Some(other)) if other != 0.0 => {
+                                format!("{:.2}x", sw / other)
+                            }
+                            _ => "-".to_string(),
+                        };
+                        let _ = write!(line, " {cell:>12}");
+                    }
+                    let _ = writeln!(out, "{line}");
+                }
+            }
+            for (_, note) in self.notes.iter().filter(|(w, _)| w == workload) {
+                let _ = writeln!(out, "  {note}");
+            }
+        }
+        if !self.wall.is_empty() {
+            let _ = writeln!(out, "\n== run times ==");
+            for (system, workload, seconds) in &self.wall {
+                let _ = writeln!(out, "{system:>12} {workload:<8} {seconds:>7.1} s");
+            }
+        }
+        let probes: Vec<&Sample> = self
+            .samples
+            .iter()
+            .filter(|s| s.system == "probe")
+            .collect();
+        if !probes.is_empty() {
+            let _ = writeln!(
+                out,
+                "\n== limit probes (the floor any cross-thread design pays) =="
+            );
+            for probe in probes {
+                let _ = writeln!(
+                    out,
+                    "{:<14} T={:<3} {:>12} {}",
+                    probe.workload,
+                    probe.threads,
+                    format_value(probe.value, probe.unit),
+                    probe.unit
+                );
+            }
+        }
+        for histogram in &self.histograms {
+            out.push_str(&render_histogram(histogram));
+        }
+        out
+    }
+}
+
+/// Table and chart order: shardwheel, then the baselines in the order of `--compare tokio,heap`.
+pub(crate) fn system_rank(system: &str) -> usize {
+    match system {
+        "shardwheel" => 0,
+        "tokio" => 1,
+        "heap" => 2,
+        _ => 3,
+    }
+}
+
+/// Whether a larger value of `metric` is better (↑), worse (↓), or neither.
+pub(crate) fn direction(metric: &str) -> &'static str {
+    if metric == "idle_cpu_ms_per_s" {
+        "↓"
+    } else if metric.ends_with("_per_s") || metric == "fired" {
+        "↑"
+    } else if metric.starts_with("late_")
+        || metric.starts_with("bytes_")
+        || metric == "early"
+        || metric == "schedule_done_ms"
+        || metric == "handle_bytes"
+    {
+        "↓"
+    } else {
+        ""
+    }
+}
+
+/// A value for humans: rates with k/M/G, times and sizes with sensible decimals.
+pub(crate) fn format_value(value: f64, unit: &str) -> String {
+    if !value.is_finite() {
+        return "n/a".to_string();
+    }
+    if unit.ends_with("/s") && unit != "ms/s" {
+        let magnitude = value.abs();
+        return if magnitude >= 1e9 {
+            format!("{:.2}G", value / 1e9)
+        } else if magnitude >= 1e6 {
+            format!("{:.2}M", value / 1e6)
+        } else if magnitude >= 1e3 {
+            format!("{:.1}k", value / 1e3)
+        } else {
+            format!("{value:.1}")
+        };
+    }
+    match unit {
+        "count" => format!("{}", value as i64),
+        "ms/s" => format!("{value:.3}"),
+        _ if value.abs() >= 1000.0 => format!("{value:.0}"),
+        _ => format!("{value:.1}"),
+    }
+}
+
+fn render_histogram(histogram: &Histogram) -> String {
+    let total: u64 = histogram.buckets.iter().map(|(_, c)| c).sum();
+    let largest = histogram.buckets.iter().map(|(_, c)| *c).max().unwrap_or(0);
+    let mut out = format!(
+        "\n-- storm lateness (fire instant - deadline), {}, T={}, {} timers --\n",
+        histogram.system, histogram.threads, total
+    );
+    const WIDTH: u64 = 40;
+    for (label, count) in &histogram.buckets {
+        let bar = if largest == 0 {
+            0
+        } else {
+            (count * WIDTH).div_ceil(largest)
+        };
+        let share = if total == 0 {
+            0.0
+        } else {
+            *count as f64 * 100.0 / total as f64
+        };
+        let _ = writeln!(
+            out,
+            "{label:>15} |{:<40}| {count:>9} {share:>6.2}%",
+            "#".repeat(bar as usize)
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_line_has_the_exact_shape() {
+        let sample = Sample {
+            system: "shardwheel",
+            workload: "churn".into(),
+            threads: 2,
+            metric: "churn_pairs_per_s",
+            value: 1234.5,
+            unit: "pairs/s",
+        };
+        assert_eq!(
+            sample.to_json(),
+            r#"{"system":"shardwheel","workload":"churn","threads":2,"metric":"churn_pairs_per_s","value":1234.5,"unit":"pairs/s"}"#
+        );
+        assert_eq!(json_number(1e6), "1000000");
+        assert_eq!(json_number(f64::NAN), "null");
+    }
+
+    #[test]
+    fn values_format_for_humans() {
+        assert_eq!(format_value(12_345_678.0, "ops/s"), "12.35M");
+        assert_eq!(format_value(42.0, "count"), "42");
+        assert_eq!(format_value(0.1234, "ms/s"), "0.123");
+    }
+}
