@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let threads: usize = std::env::args().nth(1).map_or(1, |a| a.parse().unwrap());
-    let pending = 1_000_000 / threads;
+    let pending = std::env::var("PENDING").map_or(1_000_000, |p| p.parse().unwrap()) / threads;
     let timer = Timer::new()?;
     let barrier = std::sync::Barrier::new(threads);
     let total: u64 = std::thread::scope(|scope| {

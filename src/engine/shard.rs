@@ -56,7 +56,9 @@ impl PendingLimit {
 /// The part of a shard any thread may touch: the slot table, the inbox, counters.
 #[derive(Debug)]
 pub(crate) struct ShardShared {
-    pub(crate) slots: SlotTable,
+    /// Cache-line aligned, which also keeps the `Arc`'s reference counts (bumped by every new
+    /// handle) off the line of the page table that every slot access reads.
+    pub(crate) slots: CachePadded<SlotTable>,
     pub(crate) inbox: Inbox,
     pub(crate) clock: TickClock,
     pub(crate) counters: ShardCounters,
@@ -66,7 +68,7 @@ pub(crate) struct ShardShared {
 impl ShardShared {
     pub(crate) fn new(clock: TickClock, limit: Option<Arc<PendingLimit>>) -> ShardShared {
         ShardShared {
-            slots: SlotTable::new(),
+            slots: CachePadded::new(SlotTable::new()),
             inbox: Inbox::new(),
             clock,
             counters: ShardCounters::new(),
