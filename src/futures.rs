@@ -219,6 +219,12 @@ impl Future for Sleep {
         // Register first, then look: a fire in between wakes the new waker.
         this.shared.waker.register(cx.waker());
         match handle.state() {
+            // The deadline may have passed without the shard having turned yet (a manual clock
+            // moves only on `advance`): time, not the shard, decides.
+            TimerState::Pending if handle.shard.clock.clock().now() >= this.deadline => {
+                this.elapsed = true;
+                Poll::Ready(Ok(()))
+            }
             TimerState::Pending => Poll::Pending,
             TimerState::Expired => {
                 this.elapsed = true;

@@ -453,7 +453,8 @@ impl ShardCore {
 
     /// Shutdown of this shard, after its inbox was closed and no thread drives it any more:
     /// applies every message that was delivered, then cancels every timer still pending and
-    /// returns their tasks. Tasks of timers cancelled meanwhile are dropped.
+    /// returns their tasks. Tasks of timers cancelled meanwhile are dropped. The engine's own
+    /// `Sleep` wake-ups are not returned but run, so awaiting tasks see the shutdown.
     pub(crate) fn close(mut self) -> Vec<UnfiredTimer> {
         debug_assert!(
             self.shared.inbox.is_closed(),
@@ -473,9 +474,15 @@ impl ShardCore {
             let index = index as u32;
             let deadline = entry.links.deadline();
             if shared.slots.cancel_for_shutdown(index) {
-                let deadline = shared.clock.instant_of_tick(deadline);
-                unfired.push(UnfiredTimer { task, deadline });
                 shared.count_cancelled(1);
+                if task.runs_inline() {
+                    // The engine's own wake-up of a `Sleep`: wake it (after the sweep), so an
+                    // awaiting task learns of the shutdown instead of hanging.
+                    handoff.inline.push(task);
+                } else {
+                    let deadline = shared.clock.instant_of_tick(deadline);
+                    unfired.push(UnfiredTimer { task, deadline });
+                }
             } else {
                 handoff.dropped.push(task);
             }
@@ -484,6 +491,9 @@ impl ShardCore {
         }
         self.wheel = WheelCore::new(1);
         self.flush_counters();
+        for wake in handoff.inline.drain(..) {
+            super::executor::run_task(wake, &shared);
+        }
         drop(handoff);
         unfired
     }
