@@ -218,7 +218,11 @@ fn max_pending_accounting() {
             let timer = timer.clone();
             thread::spawn(move || {
                 let scheduled = timer.schedule(MILLISECOND, || {}).is_ok();
-                assert!(timer.pending() <= 2, "pending {} above the limit", timer.pending());
+                assert!(
+                    timer.pending() <= 2,
+                    "pending {} above the limit",
+                    timer.pending()
+                );
                 scheduled
             })
         };

@@ -176,7 +176,8 @@ impl Inbox {
     /// pusher's add brings it back.
     pub(crate) fn consumed(&self, count: usize) {
         if count > 0 {
-            self.signal.fetch_sub((count as u64) << MESSAGE_SHIFT, Ordering::AcqRel);
+            self.signal
+                .fetch_sub((count as u64) << MESSAGE_SHIFT, Ordering::AcqRel);
         }
     }
 
