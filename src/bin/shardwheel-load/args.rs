@@ -105,6 +105,44 @@ pub(crate) struct Config {
     pub(crate) probe_seconds: f64,
 }
 
+impl Config {
+    /// WORKLOADS.md's sizes, or the tiny ones of `--quick`.
+    pub(crate) fn default_sizes(quick: bool) -> Config {
+        let base = Config {
+            workloads: Workload::ALL.to_vec(),
+            threads: (1..=cores()).collect(),
+            compare: Vec::new(),
+            json: None,
+            plot: None,
+            quick,
+            probes: true,
+            progress: true,
+            seconds: 5.0,
+            churn_timers: 1_000_000,
+            storm_timers: 1_000_000,
+            memory_timers: vec![1_000_000, 10_000_000],
+            idle_timers: 1_000_000,
+            reset_timers: 1_000_000,
+            probe_messages: 2_000_000,
+            probe_seconds: 1.0,
+        };
+        if !quick {
+            return base;
+        }
+        Config {
+            seconds: 0.5,
+            churn_timers: 20_000,
+            storm_timers: 20_000,
+            memory_timers: vec![20_000, 100_000],
+            idle_timers: 20_000,
+            reset_timers: 20_000,
+            probe_messages: 100_000,
+            probe_seconds: 0.1,
+            ..base
+        }
+    }
+}
+
 /// What the command line asks for.
 #[derive(Debug)]
 pub(crate) enum Parsed {
@@ -274,45 +312,9 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
         }
     }
 
-    let mut config = if quick {
-        Config {
-            workloads: Workload::ALL.to_vec(),
-            threads: (1..=cores()).collect(),
-            compare: Vec::new(),
-            json: None,
-            plot: None,
-            quick,
-            probes,
-            progress,
-            seconds: 0.5,
-            churn_timers: 20_000,
-            storm_timers: 20_000,
-            memory_timers: vec![20_000, 100_000],
-            idle_timers: 20_000,
-            reset_timers: 20_000,
-            probe_messages: 100_000,
-            probe_seconds: 0.1,
-        }
-    } else {
-        Config {
-            workloads: Workload::ALL.to_vec(),
-            threads: (1..=cores()).collect(),
-            compare: Vec::new(),
-            json: None,
-            plot: None,
-            quick,
-            probes,
-            progress,
-            seconds: 5.0,
-            churn_timers: 1_000_000,
-            storm_timers: 1_000_000,
-            memory_timers: vec![1_000_000, 10_000_000],
-            idle_timers: 1_000_000,
-            reset_timers: 1_000_000,
-            probe_messages: 2_000_000,
-            probe_seconds: 1.0,
-        }
-    };
+    let mut config = Config::default_sizes(quick);
+    config.probes = probes;
+    config.progress = progress;
     if let Some(workloads) = workloads {
         config.workloads = workloads;
     }

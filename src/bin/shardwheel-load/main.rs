@@ -28,7 +28,11 @@ use system::{Shardwheel, System};
 use tokio_timer::TokioTimer;
 
 fn main() -> ExitCode {
-    let config = match args::parse(std::env::args().skip(1)) {
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    if arguments.first().map(String::as_str) == Some(workloads::MEMORY_CHILD_FLAG) {
+        return workloads::memory_child(&arguments[1..]);
+    }
+    let config = match args::parse(arguments) {
         Ok(Parsed::Run(config)) => *config,
         Ok(Parsed::Help) => {
             print!("{}", args::USAGE);

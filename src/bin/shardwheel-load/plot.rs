@@ -70,7 +70,7 @@ pub(crate) fn draw(samples: &[Sample], path: &Path) -> Result<(), Box<dyn std::e
             .flat_map(|(_, points)| points.iter().map(|p| p.1))
             .fold(0.0f64, f64::max)
             .max(1e-6)
-            * 1.2;
+            * 1.6;
         let mut chart = ChartBuilder::on(area)
             .caption(format!("{workload}: {metric}"), ("sans-serif", 16))
             .margin(12)
@@ -103,7 +103,7 @@ pub(crate) fn draw(samples: &[Sample], path: &Path) -> Result<(), Box<dyn std::e
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperLeft)
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()?;

@@ -72,7 +72,7 @@ pub(crate) fn run<S: System>(
             Workload::Memory => {
                 for &n in &config.memory_timers {
                     bar.segment(segment);
-                    memory::<S>(config, n, threads, report, bar);
+                    memory_in_child::<S>(config, n, threads, report, bar);
                     segment += 1;
                 }
             }
@@ -87,6 +87,11 @@ pub(crate) fn run<S: System>(
                 segment += 1;
             }
         }
+        // Hand the garbage of this run back to the OS now (glibc consolidates its free
+        // lists here), so that the next run does not pay for it: millions of freed small
+        // chunks otherwise make some later malloc walk them all, stalling whichever thread
+        // (e.g. a shard's) makes it.
+        trim_allocator();
     }
     let unexpected = plain_fires() - fires_before;
     if unexpected != 0 {
@@ -496,6 +501,160 @@ fn storm<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &
         threads,
         buckets,
     });
+}
+
+/// The metrics of W3, with their units.
+const MEMORY_METRICS: [(&str, &str); 5] = [
+    ("bytes_per_timer", "bytes"),
+    ("setup_ops_per_s", "ops/s"),
+    ("cancel_ops_per_s", "ops/s"),
+    ("bytes_retained_after_cancel_per_timer", "bytes"),
+    ("handle_bytes", "bytes"),
+];
+
+/// The hidden first argument that makes the binary one W3 run in a fresh process.
+pub(crate) const MEMORY_CHILD_FLAG: &str = "--w3-child";
+
+/// W3 in a fresh process: resident memory depends on what the allocator kept from earlier
+/// workloads (freed but still resident, or reused), so each (system, N, T) run gets its own
+/// process, started from this same binary with [`MEMORY_CHILD_FLAG`].
+fn memory_in_child<S: System>(
+    config: &Config,
+    n: usize,
+    threads: usize,
+    report: &mut Report,
+    bar: &Bar,
+) {
+    let workload = format!("memory_{}", size_label(n));
+    let label = format!("T={threads} N={} (fresh process)", size_label(n));
+    let spawned = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .args([
+                MEMORY_CHILD_FLAG.to_string(),
+                S::NAME.to_string(),
+                n.to_string(),
+                threads.to_string(),
+                u8::from(config.quick).to_string(),
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+    });
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(error) => {
+            anomaly(format!(
+                "{workload}: could not start the measuring process: {error}"
+            ));
+            return;
+        }
+    };
+    // Read its output on a helper thread so a full pipe never blocks it.
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = thread::spawn(move || {
+        let mut output = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut output);
+        output
+    });
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) => {
+                let elapsed = started.elapsed().as_secs_f64();
+                bar.set(
+                    (elapsed / 10.0).min(0.95),
+                    format!("{label} {elapsed:.1} s"),
+                );
+                thread::sleep(Duration::from_millis(50));
+            }
+            Err(error) => break Err(error),
+        }
+    };
+    let output = reader.join().unwrap_or_default();
+    match status {
+        Ok(status) if status.success() => {}
+        Ok(status) => anomaly(format!(
+            "{}: {workload} T={threads}: the measuring process failed ({status})",
+            S::NAME
+        )),
+        Err(error) => anomaly(format!(
+            "{}: {workload} T={threads}: lost the measuring process: {error}",
+            S::NAME
+        )),
+    }
+    for line in output.lines() {
+        let mut fields = line.splitn(3, '\t');
+        match (fields.next(), fields.next(), fields.next()) {
+            (Some("SAMPLE"), Some(metric), Some(value)) => {
+                let known = MEMORY_METRICS.iter().find(|(name, _)| *name == metric);
+                match (known, value.parse::<f64>()) {
+                    (Some((metric, unit)), Ok(value)) => {
+                        report.add(S::NAME, &workload, threads, metric, value, unit);
+                    }
+                    _ => anomaly(format!(
+                        "{workload}: unreadable line from the child: {line}"
+                    )),
+                }
+            }
+            (Some("NOTE"), Some(note), rest) => {
+                let note = match rest {
+                    Some(rest) => format!("{note}\t{rest}"),
+                    None => note.to_string(),
+                };
+                report.note(&workload, note);
+            }
+            (Some("ANOMALY"), Some(message), _) => anomaly(message.to_string()),
+            _ => {}
+        }
+    }
+}
+
+/// The child side of [`memory_in_child`]: `--w3-child SYSTEM N THREADS QUICK`. Prints
+/// `SAMPLE\tmetric\tvalue`, `NOTE\ttext` and `ANOMALY\ttext` lines.
+pub(crate) fn memory_child(args: &[String]) -> std::process::ExitCode {
+    let parsed = match args {
+        [system, n, threads, quick] => match (n.parse::<usize>(), threads.parse::<usize>()) {
+            (Ok(n), Ok(threads)) if n > 0 && threads > 0 => {
+                Some((system.as_str(), n, threads, quick == "1"))
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some((system, n, threads, quick)) = parsed else {
+        eprintln!("error: {MEMORY_CHILD_FLAG} expects SYSTEM N THREADS QUICK");
+        return std::process::ExitCode::from(2);
+    };
+    let config = crate::args::Config {
+        quick,
+        ..crate::args::Config::default_sizes(quick)
+    };
+    let mut report = match Report::new(None) {
+        Ok(report) => report,
+        Err(_) => return std::process::ExitCode::FAILURE,
+    };
+    let bar = crate::progress::Ui::new(false).bar(String::new(), 1);
+    match system {
+        "shardwheel" => memory::<crate::system::Shardwheel>(&config, n, threads, &mut report, &bar),
+        "tokio" => memory::<crate::tokio_timer::TokioTimer>(&config, n, threads, &mut report, &bar),
+        "heap" => memory::<crate::heap::HeapTimerSystem>(&config, n, threads, &mut report, &bar),
+        other => {
+            eprintln!("error: unknown system '{other}'");
+            return std::process::ExitCode::from(2);
+        }
+    }
+    for sample in &report.samples {
+        println!("SAMPLE\t{}\t{:?}", sample.metric, sample.value);
+    }
+    for (_, note) in &report.notes {
+        println!("NOTE\t{note}");
+    }
+    for (message, _) in crate::report::anomalies() {
+        println!("ANOMALY\t{message}");
+    }
+    std::process::ExitCode::SUCCESS
 }
 
 /// W3: resident memory of N long timers, then after cancelling them all.
