@@ -1,0 +1,1105 @@
+//! Benchmarks of the whole engine (threads, inboxes, executor) against two other timer designs,
+//! with T submitting threads (`1..=cores`) and, for shardwheel, S shards (`1..=cores`).
+//!
+//! Groups (the operations of `WORKLOADS.md`, at bench scale), each with
+//! `BenchmarkId::new(implementation, threads)`:
+//!
+//! * `churn` (W1): each thread owns a pool of [`CHURN_POOL`] pending timers (delays uniform in
+//!   [10 s, 60 s]) and, per element, cancels its oldest timer and schedules a new one.
+//! * `storm` (W2 in miniature): T threads schedule [`STORM_TIMERS`] timers in total, due
+//!   uniformly in [20 ms, 50 ms] after the threads start; one iteration is one storm, timed
+//!   from the start until the last task has run (its throughput is `STORM_TIMERS` elements, so
+//!   it is bounded by `STORM_TIMERS / 50 ms` = 4 M/s however fast the engine).
+//! * `reset` (W5): each thread owns [`RESET_POOL`] pending timers (30 s delays) and, per
+//!   element, pushes a random one of them back to now + 30 s.
+//!
+//! Implementations:
+//!
+//! * `shardwheel-1shard`, `shardwheel-2shards`, ...: [`Timer`] with that many shards and every
+//!   other option at its default (1 ms tick, pinned shard threads, a rayon executor).
+//! * `tokio`: a multi-thread tokio runtime (one worker per core, time enabled). A timer is a
+//!   `Box::pin(tokio::time::sleep(d))` polled once with a no-op waker inside the runtime
+//!   context, which registers it in tokio's (sharded, locked) timer wheel; cancel = drop;
+//!   reset = [`tokio::time::Sleep::reset`]. In the storm, each timer is a spawned task that
+//!   awaits its sleep and then counts.
+//! * `heap`: the JDK `ScheduledThreadPoolExecutor` design with one pool thread: a
+//!   `Mutex<BinaryHeap>` of `(deadline, seq)` entries and a `Condvar`-driven worker thread that
+//!   sleeps until the head is due, pops it and runs it (outside the lock). Cancel sets a flag on
+//!   the entry (lazy deletion: the tombstone stays in the heap); reset bumps the entry's
+//!   generation and pushes it again (the old heap item becomes stale). When tombstones and
+//!   stale items outnumber live ones the heap is purged (`retain`), so memory stays bounded
+//!   (what `setRemoveOnCancelPolicy` is for); purges are inside the measured time.
+//!
+//! Timing: `iter_custom` spawns the T threads, which meet at a `Barrier`; the measured time runs
+//! from the first thread leaving the barrier to the last one finishing its share of the
+//! `iters` elements. shardwheel's schedule, cancel and reset only queue a message for the
+//! owning shard (up to 64 Ki undrained messages per shard before submitters yield), so for
+//! shardwheel the measured time runs on until every shard has applied everything submitted:
+//! one sentinel timer per shard is reset to a past deadline, which each shard applies after
+//! the earlier messages in its FIFO inbox and then fires; the time stops when the last
+//! sentinel's task has run. tokio and the heap do their work synchronously.
+//!
+//! Engines and pools are built once per benchmark (outside the measured time) and checked
+//! afterwards: shardwheel's [`Stats`](shardwheel::Stats) and shutdown must agree with what the
+//! benchmark did, no cancel or reset of a pending timer may fail, and every storm task must run
+//! exactly once. Each benchmark prints an `audit` line to stderr, starting `ANOMALY` when a
+//! check failed.
+//!
+//! Settings are modest (10 samples, 0.5 s warm-up, 2 s measurement) so that
+//! `cargo bench --bench engine` takes a few minutes on a 2-core machine, and
+//! `cargo bench --bench engine -- --test` (one iteration of each) well under a minute.
+
+// `criterion_group!` defines an undocumented `pub fn`.
+#![allow(missing_docs)]
+
+use std::cmp::Ordering as CmpOrdering;
+use std::collections::{BinaryHeap, VecDeque};
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZero;
+use std::ops::AddAssign;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Waker};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group,
+    criterion_main,
+};
+use shardwheel::{Timer, TimerHandle};
+
+/// Pending timers per thread in `churn`.
+const CHURN_POOL: usize = 100_000;
+/// Delays in `churn` are uniform in `[CHURN_MIN, CHURN_MAX)`.
+const CHURN_MIN: Duration = Duration::from_secs(10);
+const CHURN_MAX: Duration = Duration::from_secs(60);
+/// Pending timers per thread in `reset`.
+const RESET_POOL: usize = 100_000;
+/// The delay of every timer in `reset`, and what resets push it back to.
+const RESET_DELAY: Duration = Duration::from_secs(30);
+/// Timers per storm (over all threads).
+const STORM_TIMERS: usize = 200_000;
+/// Storm deadlines are uniform in `[start + STORM_FROM, start + STORM_TO)`.
+const STORM_FROM: Duration = Duration::from_millis(20);
+const STORM_TO: Duration = Duration::from_millis(50);
+/// How long to wait for a storm's or a flush's last task before declaring timers lost.
+const LATCH_TIMEOUT: Duration = Duration::from_secs(10);
+/// The delay of shardwheel's flush sentinels (they only fire when reset).
+const SENTINEL_DELAY: Duration = Duration::from_secs(3600);
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A deterministic pseudo-random sequence (splitmix64), one per thread.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[low, high)` (bias negligible here).
+    fn between(&mut self, low: Duration, high: Duration) -> Duration {
+        let span = (high - low).as_nanos() as u64;
+        low + Duration::from_nanos(self.next() % span)
+    }
+
+    fn index(&mut self, len: usize) -> usize {
+        (self.next() % len as u64) as usize
+    }
+}
+
+/// Counts tasks down to zero and records when the last one ran. Task ids carry the round
+/// ("epoch") in their high 32 bits, so that a task of an earlier round is told apart.
+struct Latch {
+    epoch: AtomicU64,
+    remaining: AtomicI64,
+    /// Hits after the count reached zero: a task ran twice, or more tasks ran than were armed.
+    extra: AtomicU64,
+    /// Hits carrying an earlier round's id: a timer fired after its round was over.
+    stray: AtomicU64,
+    done: Mutex<Option<Instant>>,
+    signal: Condvar,
+}
+
+/// Counts the storm's tasks (a static, so that a storm task captures nothing but its id).
+static STORM: Latch = Latch::new();
+
+impl Latch {
+    const fn new() -> Latch {
+        Latch {
+            epoch: AtomicU64::new(0),
+            remaining: AtomicI64::new(0),
+            extra: AtomicU64::new(0),
+            stray: AtomicU64::new(0),
+            done: Mutex::new(None),
+            signal: Condvar::new(),
+        }
+    }
+
+    /// Starts a round of `count` tasks; returns its epoch.
+    fn arm(&self, count: u64) -> u64 {
+        *lock(&self.done) = None;
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        self.remaining.store(count as i64, Ordering::SeqCst);
+        epoch
+    }
+
+    fn id(epoch: u64, index: u64) -> u64 {
+        epoch << 32 | index
+    }
+
+    /// Called by each task.
+    fn hit(&self, id: u64) {
+        if id >> 32 != self.epoch.load(Ordering::Acquire) {
+            self.stray.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        match self.remaining.fetch_sub(1, Ordering::AcqRel) {
+            1 => {
+                let now = Instant::now();
+                *lock(&self.done) = Some(now);
+                self.signal.notify_all();
+            }
+            n if n <= 0 => {
+                self.extra.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+    }
+
+    /// When the round's last task ran, or how many had not run after `timeout`.
+    fn wait(&self, timeout: Duration) -> Result<Instant, i64> {
+        let give_up = Instant::now() + timeout;
+        let mut done = lock(&self.done);
+        loop {
+            if let Some(at) = *done {
+                return Ok(at);
+            }
+            let now = Instant::now();
+            if now >= give_up {
+                return Err(self.remaining.load(Ordering::Acquire));
+            }
+            done = self
+                .signal
+                .wait_timeout(done, give_up - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Problems seen since the last call.
+    fn anomalies(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        let extra = self.extra.swap(0, Ordering::Relaxed);
+        if extra > 0 {
+            found.push(format!(
+                "{extra} task runs beyond the armed count (ran twice?)"
+            ));
+        }
+        let stray = self.stray.swap(0, Ordering::Relaxed);
+        if stray > 0 {
+            found.push(format!("{stray} tasks of an earlier round ran late"));
+        }
+        found
+    }
+}
+
+/// What a benchmark did, as the API reported it (successful operations only).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Tally {
+    scheduled: u64,
+    cancelled: u64,
+    reset: u64,
+    fired: u64,
+    /// Cancels or resets of a timer that should have been pending that returned false.
+    failed: u64,
+}
+
+impl AddAssign for Tally {
+    fn add_assign(&mut self, other: Tally) {
+        self.scheduled += other.scheduled;
+        self.cancelled += other.cancelled;
+        self.reset += other.reset;
+        self.fired += other.fired;
+        self.failed += other.failed;
+    }
+}
+
+/// What the benchmarks need from a timer implementation.
+trait Engine: Sync {
+    /// A pending timer, owned by the thread that scheduled it.
+    type Pending: Send;
+
+    /// Runs a submitting thread's whole body (tokio: inside the runtime context).
+    fn on_thread<R>(&self, body: impl FnOnce() -> R) -> R {
+        body()
+    }
+
+    /// Schedules a trivial task (capturing `id`) `delay` from now.
+    fn schedule(&self, delay: Duration, id: u64) -> Self::Pending;
+
+    /// Cancels a pending timer; false if it was not pending.
+    fn cancel(&self, timer: Self::Pending) -> bool;
+
+    /// Moves a pending timer's deadline to `delay` from now; false if it was not pending.
+    fn reset(&self, timer: &mut Self::Pending, delay: Duration) -> bool;
+
+    /// Schedules a storm task (`STORM.hit(id)`) at `deadline`.
+    fn schedule_storm(&self, deadline: Instant, id: u64);
+
+    /// Waits until the engine has applied every operation submitted so far (by threads that
+    /// have been joined) and returns when; `None` if operations are applied synchronously.
+    fn settle(&self) -> Option<Instant> {
+        None
+    }
+
+    /// Checks the engine against what the benchmark did, then shuts it down. Returns the
+    /// problems found, and a summary.
+    fn finish(self, did: Tally) -> (Vec<String>, String);
+}
+
+// ---------------------------------------------------------------------------------------------
+// shardwheel
+
+struct Shardwheel {
+    timer: Timer,
+    shards: usize,
+    /// One pending timer per shard, which `settle` resets to `past` (see the module docs).
+    sentinels: Mutex<Vec<TimerHandle>>,
+    flush: Arc<Latch>,
+    /// What the sentinels did, to subtract from the engine's counters.
+    sentinel_tally: Mutex<Tally>,
+    problems: Mutex<Vec<String>>,
+    /// An instant before any timer of this engine was scheduled.
+    past: Instant,
+}
+
+impl Shardwheel {
+    fn new(shards: usize) -> Shardwheel {
+        let timer = Timer::builder()
+            .shards(shards)
+            .build()
+            .expect("building the timer");
+        let engine = Shardwheel {
+            timer,
+            shards,
+            sentinels: Mutex::new(Vec::new()),
+            flush: Arc::new(Latch::new()),
+            sentinel_tally: Mutex::new(Tally::default()),
+            problems: Mutex::new(Vec::new()),
+            past: Instant::now(),
+        };
+        let sentinels = engine.arm_sentinels();
+        *lock(&engine.sentinels) = sentinels;
+        engine
+    }
+
+    fn scheduled_per_shard(&self) -> Vec<u64> {
+        self.timer
+            .stats()
+            .shards
+            .iter()
+            .map(|shard| shard.scheduled)
+            .collect()
+    }
+
+    /// One fresh sentinel per shard. A thread schedules on its home shard, assigned
+    /// round-robin when it first schedules: new threads schedule one sentinel each until every
+    /// shard has one (the per-shard `scheduled` counters say where each went).
+    fn arm_sentinels(&self) -> Vec<TimerHandle> {
+        let epoch = self.flush.arm(self.shards as u64);
+        let mut by_shard: Vec<Option<TimerHandle>> = (0..self.shards).map(|_| None).collect();
+        let mut tally = Tally::default();
+        let mut attempts = 0;
+        while by_shard.iter().any(Option::is_none) {
+            attempts += 1;
+            assert!(
+                attempts <= 8 * self.shards,
+                "could not place a sentinel timer on every shard"
+            );
+            let before = self.scheduled_per_shard();
+            let latch = self.flush.clone();
+            let id = Latch::id(epoch, 0);
+            let handle = thread::scope(|scope| {
+                scope
+                    .spawn(|| {
+                        self.timer
+                            .schedule(SENTINEL_DELAY, move || latch.hit(id))
+                            .expect("scheduling a sentinel")
+                    })
+                    .join()
+                    .expect("sentinel thread panicked")
+            });
+            tally.scheduled += 1;
+            let after = self.scheduled_per_shard();
+            match (0..self.shards).find(|&shard| after[shard] > before[shard]) {
+                Some(shard) if by_shard[shard].is_none() => by_shard[shard] = Some(handle),
+                _ => {
+                    if handle.cancel() {
+                        tally.cancelled += 1;
+                    }
+                }
+            }
+        }
+        *lock(&self.sentinel_tally) += tally;
+        by_shard.into_iter().flatten().collect()
+    }
+
+    fn problem(&self, problem: String) {
+        lock(&self.problems).push(problem);
+    }
+}
+
+impl Engine for Shardwheel {
+    type Pending = TimerHandle;
+
+    fn schedule(&self, delay: Duration, id: u64) -> TimerHandle {
+        self.timer
+            .schedule(delay, move || {
+                black_box(id);
+            })
+            .expect("schedule failed")
+    }
+
+    fn cancel(&self, timer: TimerHandle) -> bool {
+        timer.cancel()
+    }
+
+    fn reset(&self, timer: &mut TimerHandle, delay: Duration) -> bool {
+        timer.reset(delay)
+    }
+
+    fn schedule_storm(&self, deadline: Instant, id: u64) {
+        let _detached = self
+            .timer
+            .schedule_at(deadline, move || STORM.hit(id))
+            .expect("schedule failed");
+    }
+
+    fn settle(&self) -> Option<Instant> {
+        let sentinels = std::mem::take(&mut *lock(&self.sentinels));
+        let mut reset = 0;
+        for sentinel in &sentinels {
+            if sentinel.reset_at(self.past) {
+                reset += 1;
+            } else {
+                self.problem(format!(
+                    "a sentinel timer was not pending when reset: {sentinel:?}"
+                ));
+            }
+        }
+        let done = match self.flush.wait(LATCH_TIMEOUT) {
+            Ok(at) => {
+                lock(&self.sentinel_tally).fired += self.shards as u64;
+                at
+            }
+            Err(remaining) => {
+                self.problem(format!(
+                    "{remaining} of {} sentinels reset to a past deadline had not run after {:?}",
+                    self.shards, LATCH_TIMEOUT
+                ));
+                Instant::now()
+            }
+        };
+        lock(&self.sentinel_tally).reset += reset;
+        lock(&self.problems).extend(self.flush.anomalies());
+        drop(sentinels);
+        let fresh = self.arm_sentinels();
+        *lock(&self.sentinels) = fresh;
+        Some(done)
+    }
+
+    fn finish(self, did: Tally) -> (Vec<String>, String) {
+        let mut problems = std::mem::take(&mut *lock(&self.problems));
+        let mut expected = did;
+        expected += *lock(&self.sentinel_tally);
+        let stats = self.timer.stats();
+        let checks = [
+            ("scheduled", stats.scheduled, expected.scheduled),
+            ("cancelled", stats.cancelled, expected.cancelled),
+            ("reset", stats.reset, expected.reset),
+            ("fired", stats.fired, expected.fired),
+            ("panicked", stats.panicked, 0),
+        ];
+        for (counter, actual, wanted) in checks {
+            if actual != wanted {
+                problems.push(format!("stats().{counter} = {actual}, expected {wanted}"));
+            }
+        }
+        let pending = expected.scheduled - expected.fired - expected.cancelled;
+        if stats.pending != pending {
+            problems.push(format!(
+                "stats().pending = {}, expected {pending}",
+                stats.pending
+            ));
+        }
+        drop(std::mem::take(&mut *lock(&self.sentinels)));
+        let started = Instant::now();
+        let unfired = self.timer.shutdown().len() as u64;
+        let shutdown_took = started.elapsed();
+        if unfired != pending {
+            problems.push(format!(
+                "shutdown() returned {unfired} unfired timers, expected {pending}"
+            ));
+        }
+        let summary = format!(
+            "scheduled {} cancelled {} reset {} fired {} pending {} (incl. sentinels); \
+             shutdown returned {unfired} in {shutdown_took:.1?}; {} of {} shard threads pinned",
+            stats.scheduled,
+            stats.cancelled,
+            stats.reset,
+            stats.fired,
+            stats.pending,
+            stats.pinned,
+            self.shards,
+        );
+        (problems, summary)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// tokio
+
+struct Tokio {
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Tokio {
+    fn new() -> Tokio {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_time()
+            .build()
+            .expect("building the tokio runtime");
+        Tokio { runtime }
+    }
+}
+
+impl Engine for Tokio {
+    type Pending = Pin<Box<tokio::time::Sleep>>;
+
+    fn on_thread<R>(&self, body: impl FnOnce() -> R) -> R {
+        let _context = self.runtime.enter();
+        body()
+    }
+
+    fn schedule(&self, delay: Duration, id: u64) -> Self::Pending {
+        black_box(id);
+        let mut sleep = Box::pin(tokio::time::sleep(delay));
+        // The first poll registers the timer with the driver.
+        let mut context = Context::from_waker(Waker::noop());
+        let _ = sleep.as_mut().poll(&mut context);
+        sleep
+    }
+
+    fn cancel(&self, timer: Self::Pending) -> bool {
+        drop(timer);
+        true
+    }
+
+    fn reset(&self, timer: &mut Self::Pending, delay: Duration) -> bool {
+        timer.as_mut().reset(tokio::time::Instant::now() + delay);
+        true
+    }
+
+    fn schedule_storm(&self, deadline: Instant, id: u64) {
+        let deadline = tokio::time::Instant::from_std(deadline);
+        drop(self.runtime.spawn(async move {
+            tokio::time::sleep_until(deadline).await;
+            STORM.hit(id);
+        }));
+    }
+
+    fn finish(self, _did: Tally) -> (Vec<String>, String) {
+        let started = Instant::now();
+        drop(self.runtime);
+        (
+            Vec::new(),
+            format!("runtime dropped in {:.1?}", started.elapsed()),
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// heap (the JDK ScheduledThreadPoolExecutor design)
+
+type Job = Box<dyn FnOnce() + Send>;
+
+const PENDING: u8 = 0;
+const FIRED: u8 = 1;
+const CANCELLED: u8 = 2;
+
+/// A scheduled task (the JDK's `ScheduledFutureTask`), shared by its handle and its heap items.
+struct HeapEntry {
+    state: AtomicU8,
+    /// Bumped (under the queue lock) by each reset: heap items of older generations are stale.
+    generation: AtomicU32,
+    job: Mutex<Option<Job>>,
+}
+
+/// An item of the heap: ordered so that the earliest deadline (then the lowest seq) is on top.
+struct Queued {
+    deadline: Instant,
+    seq: u64,
+    generation: u32,
+    entry: Arc<HeapEntry>,
+}
+
+impl Queued {
+    fn is_live(&self) -> bool {
+        self.entry.state.load(Ordering::Acquire) == PENDING
+            && self.generation == self.entry.generation.load(Ordering::Relaxed)
+    }
+}
+
+impl PartialEq for Queued {
+    fn eq(&self, other: &Queued) -> bool {
+        self.cmp(other) == CmpOrdering::Equal
+    }
+}
+
+impl Eq for Queued {}
+
+impl PartialOrd for Queued {
+    fn partial_cmp(&self, other: &Queued) -> Option<CmpOrdering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Queued {
+    fn cmp(&self, other: &Queued) -> CmpOrdering {
+        (other.deadline, other.seq).cmp(&(self.deadline, self.seq))
+    }
+}
+
+struct HeapQueue {
+    heap: BinaryHeap<Queued>,
+    next_seq: u64,
+    /// Items left behind by resets.
+    stale: usize,
+    shutdown: bool,
+}
+
+struct HeapShared {
+    queue: Mutex<HeapQueue>,
+    available: Condvar,
+    /// Successful cancels since the last purge (their items are tombstones).
+    cancelled: AtomicUsize,
+    fired: AtomicU64,
+}
+
+/// Purge no heap smaller than this.
+const PURGE_MIN: usize = 1024;
+
+impl HeapShared {
+    /// Pushes an item for `entry` at `deadline`; wakes the worker if it is the new head.
+    fn push(&self, queue: &mut HeapQueue, deadline: Instant, entry: &Arc<HeapEntry>) {
+        let dead = queue.stale + self.cancelled.load(Ordering::Relaxed);
+        if dead > PURGE_MIN && 2 * dead > queue.heap.len() {
+            self.cancelled.store(0, Ordering::Relaxed);
+            queue.heap.retain(Queued::is_live);
+            queue.stale = 0;
+        }
+        let is_head = queue
+            .heap
+            .peek()
+            .is_none_or(|head| deadline < head.deadline);
+        let seq = queue.next_seq;
+        queue.next_seq += 1;
+        queue.heap.push(Queued {
+            deadline,
+            seq,
+            generation: entry.generation.load(Ordering::Relaxed),
+            entry: entry.clone(),
+        });
+        if is_head {
+            self.available.notify_one();
+        }
+    }
+
+    /// The pool thread: wait for the head's deadline, pop it, run it outside the lock.
+    fn run(&self) {
+        let mut queue = lock(&self.queue);
+        loop {
+            if queue.shutdown {
+                return;
+            }
+            let Some(head) = queue.heap.peek() else {
+                queue = self
+                    .available
+                    .wait(queue)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            };
+            let now = Instant::now();
+            if head.deadline > now {
+                let wait = head.deadline - now;
+                queue = self
+                    .available
+                    .wait_timeout(queue, wait)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+                continue;
+            }
+            let Some(item) = queue.heap.pop() else {
+                continue;
+            };
+            if item.generation != item.entry.generation.load(Ordering::Relaxed) {
+                queue.stale = queue.stale.saturating_sub(1);
+                continue;
+            }
+            let won = item.entry.state.compare_exchange(
+                PENDING,
+                FIRED,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+            if won.is_err() {
+                continue; // a cancelled entry's tombstone
+            }
+            drop(queue);
+            if let Some(job) = lock(&item.entry.job).take() {
+                job();
+                self.fired.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(item);
+            queue = lock(&self.queue);
+        }
+    }
+}
+
+struct HeapTimer {
+    shared: Arc<HeapShared>,
+    worker: Option<thread::JoinHandle<()>>,
+}
+
+impl HeapTimer {
+    fn new() -> HeapTimer {
+        let shared = Arc::new(HeapShared {
+            queue: Mutex::new(HeapQueue {
+                heap: BinaryHeap::new(),
+                next_seq: 0,
+                stale: 0,
+                shutdown: false,
+            }),
+            available: Condvar::new(),
+            cancelled: AtomicUsize::new(0),
+            fired: AtomicU64::new(0),
+        });
+        let worker = {
+            let shared = shared.clone();
+            thread::Builder::new()
+                .name("heap-timer".into())
+                .spawn(move || shared.run())
+                .expect("spawning the heap timer's thread")
+        };
+        HeapTimer {
+            shared,
+            worker: Some(worker),
+        }
+    }
+
+    fn schedule_at(&self, deadline: Instant, job: Job) -> Arc<HeapEntry> {
+        let entry = Arc::new(HeapEntry {
+            state: AtomicU8::new(PENDING),
+            generation: AtomicU32::new(0),
+            job: Mutex::new(Some(job)),
+        });
+        let mut queue = lock(&self.shared.queue);
+        self.shared.push(&mut queue, deadline, &entry);
+        entry
+    }
+}
+
+impl Drop for HeapTimer {
+    fn drop(&mut self) {
+        lock(&self.shared.queue).shutdown = true;
+        self.shared.available.notify_all();
+        if let Some(worker) = self.worker.take() {
+            worker.join().expect("heap timer thread panicked");
+        }
+    }
+}
+
+impl Engine for HeapTimer {
+    type Pending = Arc<HeapEntry>;
+
+    fn schedule(&self, delay: Duration, id: u64) -> Arc<HeapEntry> {
+        self.schedule_at(
+            Instant::now() + delay,
+            Box::new(move || {
+                black_box(id);
+            }),
+        )
+    }
+
+    fn cancel(&self, timer: Arc<HeapEntry>) -> bool {
+        let cancelled = timer
+            .state
+            .compare_exchange(PENDING, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if cancelled {
+            self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+        cancelled
+    }
+
+    fn reset(&self, timer: &mut Arc<HeapEntry>, delay: Duration) -> bool {
+        let deadline = Instant::now() + delay;
+        let mut queue = lock(&self.shared.queue);
+        if timer.state.load(Ordering::Acquire) != PENDING {
+            return false;
+        }
+        timer.generation.fetch_add(1, Ordering::Relaxed);
+        queue.stale += 1;
+        self.shared.push(&mut queue, deadline, timer);
+        true
+    }
+
+    fn schedule_storm(&self, deadline: Instant, id: u64) {
+        drop(self.schedule_at(deadline, Box::new(move || STORM.hit(id))));
+    }
+
+    fn finish(self, did: Tally) -> (Vec<String>, String) {
+        let fired = self.shared.fired.load(Ordering::Relaxed);
+        let heap_len = lock(&self.shared.queue).heap.len();
+        let mut problems = Vec::new();
+        if fired != did.fired {
+            problems.push(format!("fired {fired} tasks, expected {}", did.fired));
+        }
+        (
+            problems,
+            format!("fired {fired}, heap holds {heap_len} items"),
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running threads
+
+/// Thread `index`'s share of `total` operations over `threads` threads.
+fn share(total: u64, threads: usize, index: usize) -> u64 {
+    let threads = threads as u64;
+    total / threads + u64::from((index as u64) < total % threads)
+}
+
+/// Runs `work(state, operations, start)` on one thread per state, all starting together at a
+/// barrier, `total` operations in all. Returns when the first thread started and when the last
+/// one finished.
+fn run_parallel<E: Engine, S: Send>(
+    engine: &E,
+    states: &mut [S],
+    total: u64,
+    work: impl Fn(&mut S, u64, Instant) + Sync,
+) -> (Instant, Instant) {
+    let threads = states.len();
+    let barrier = Barrier::new(threads);
+    let spans: Vec<(Instant, Instant)> = thread::scope(|scope| {
+        let workers: Vec<_> = states
+            .iter_mut()
+            .enumerate()
+            .map(|(index, state)| {
+                let operations = share(total, threads, index);
+                let (barrier, work) = (&barrier, &work);
+                scope.spawn(move || {
+                    engine.on_thread(|| {
+                        barrier.wait();
+                        let start = Instant::now();
+                        work(state, operations, start);
+                        (start, Instant::now())
+                    })
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|worker| worker.join().expect("benchmark thread panicked"))
+            .collect()
+    });
+    let start = spans.iter().map(|span| span.0).min().expect("no threads");
+    let end = spans.iter().map(|span| span.1).max().expect("no threads");
+    (start, end)
+}
+
+/// A submitting thread's own timers and counters.
+struct Submitter<P> {
+    pool: VecDeque<P>,
+    rng: Rng,
+    next_id: u64,
+    did: Tally,
+}
+
+/// One submitter per thread, each with `pool` timers scheduled by its own thread (so that
+/// shardwheel spreads them over its shards).
+fn submitters<E: Engine>(
+    engine: &E,
+    threads: usize,
+    pool: usize,
+    delay: impl Fn(&mut Rng) -> Duration + Sync,
+) -> Vec<Submitter<E::Pending>> {
+    let mut states: Vec<Submitter<E::Pending>> = (0..threads)
+        .map(|index| Submitter {
+            pool: VecDeque::with_capacity(pool),
+            rng: Rng(0x5eed + index as u64),
+            next_id: (index as u64) << 40,
+            did: Tally::default(),
+        })
+        .collect();
+    run_parallel(
+        engine,
+        &mut states,
+        (threads * pool) as u64,
+        |state, count, _| {
+            for _ in 0..count {
+                let delay = delay(&mut state.rng);
+                let timer = engine.schedule(delay, state.next_id);
+                state.next_id += 1;
+                state.pool.push_back(timer);
+            }
+            state.did.scheduled += count;
+        },
+    );
+    states
+}
+
+fn report<E: Engine>(id: &str, engine: E, states: Vec<Submitter<E::Pending>>, extra: Tally) {
+    let mut did = extra;
+    for state in &states {
+        did += state.did;
+    }
+    // Handles first (tokio deregisters its sleeps while the runtime still runs).
+    drop(states);
+    let (mut problems, summary) = engine.finish(did);
+    problems.extend(STORM.anomalies());
+    if did.failed > 0 {
+        problems.push(format!(
+            "{} cancels/resets of pending timers returned false",
+            did.failed
+        ));
+    }
+    if problems.is_empty() {
+        eprintln!("audit {id}: ok; {summary}");
+    } else {
+        eprintln!("ANOMALY audit {id}: {}; {summary}", problems.join("; "));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Benchmarks
+
+fn bench_churn<E: Engine>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    threads: usize,
+    build: impl Fn() -> E,
+) {
+    // Built on first use only, so that filtered-out benchmarks cost nothing.
+    let mut state: Option<(E, Vec<Submitter<E::Pending>>)> = None;
+    group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &threads| {
+        let (engine, states) = state.get_or_insert_with(|| {
+            let engine = build();
+            let states = submitters(&engine, threads, CHURN_POOL, |rng| {
+                rng.between(CHURN_MIN, CHURN_MAX)
+            });
+            (engine, states)
+        });
+        let engine = &*engine;
+        b.iter_custom(|iters| {
+            let (start, end) = run_parallel(engine, states, iters, |state, count, _| {
+                for _ in 0..count {
+                    let oldest = state.pool.pop_front().expect("empty pool");
+                    if engine.cancel(oldest) {
+                        state.did.cancelled += 1;
+                    } else {
+                        state.did.failed += 1;
+                    }
+                    let delay = state.rng.between(CHURN_MIN, CHURN_MAX);
+                    state.pool.push_back(engine.schedule(delay, state.next_id));
+                    state.next_id += 1;
+                }
+                state.did.scheduled += count;
+            });
+            engine.settle().map_or(end, |settled| settled.max(end)) - start
+        });
+    });
+    if let Some((engine, states)) = state {
+        report(
+            &format!("churn/{name}/{threads}"),
+            engine,
+            states,
+            Tally::default(),
+        );
+    }
+}
+
+fn bench_reset<E: Engine>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    threads: usize,
+    build: impl Fn() -> E,
+) {
+    let mut state: Option<(E, Vec<Submitter<E::Pending>>)> = None;
+    group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &threads| {
+        let (engine, states) = state.get_or_insert_with(|| {
+            let engine = build();
+            let mut states = submitters(&engine, threads, RESET_POOL, |_| RESET_DELAY);
+            for state in &mut states {
+                state.pool.make_contiguous();
+            }
+            (engine, states)
+        });
+        let engine = &*engine;
+        b.iter_custom(|iters| {
+            let (start, end) = run_parallel(engine, states, iters, |state, count, _| {
+                let pool = state.pool.as_mut_slices().0;
+                for _ in 0..count {
+                    let timer = &mut pool[state.rng.index(pool.len())];
+                    if engine.reset(timer, RESET_DELAY) {
+                        state.did.reset += 1;
+                    } else {
+                        state.did.failed += 1;
+                    }
+                }
+            });
+            engine.settle().map_or(end, |settled| settled.max(end)) - start
+        });
+    });
+    if let Some((engine, states)) = state {
+        report(
+            &format!("reset/{name}/{threads}"),
+            engine,
+            states,
+            Tally::default(),
+        );
+    }
+}
+
+fn bench_storm<E: Engine>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    threads: usize,
+    build: impl Fn() -> E,
+) {
+    let mut state: Option<(E, Vec<Rng>, Tally)> = None;
+    group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &threads| {
+        let (engine, rngs, did) = state.get_or_insert_with(|| {
+            let rngs = (0..threads).map(|index| Rng(0x570e + index as u64));
+            (build(), rngs.collect(), Tally::default())
+        });
+        let engine = &*engine;
+        b.iter_custom(|iters| {
+            let mut measured = Duration::ZERO;
+            for _ in 0..iters {
+                let epoch = STORM.arm(STORM_TIMERS as u64);
+                let next = AtomicU64::new(0);
+                let (start, _) =
+                    run_parallel(engine, rngs, STORM_TIMERS as u64, |rng, count, start| {
+                        let first = next.fetch_add(count, Ordering::Relaxed);
+                        for index in first..first + count {
+                            let deadline = start + rng.between(STORM_FROM, STORM_TO);
+                            engine.schedule_storm(deadline, Latch::id(epoch, index));
+                        }
+                    });
+                did.scheduled += STORM_TIMERS as u64;
+                match STORM.wait(LATCH_TIMEOUT) {
+                    Ok(done) => {
+                        did.fired += STORM_TIMERS as u64;
+                        measured += done - start;
+                    }
+                    Err(remaining) => {
+                        let ran = STORM_TIMERS as i64 - remaining;
+                        did.fired += ran.max(0) as u64;
+                        eprintln!(
+                            "ANOMALY storm/{name}/{threads}: {remaining} of {STORM_TIMERS} \
+                             tasks had not run {LATCH_TIMEOUT:?} after their deadlines",
+                        );
+                        measured += start.elapsed();
+                    }
+                }
+            }
+            measured
+        });
+    });
+    if let Some((engine, _, did)) = state {
+        report(&format!("storm/{name}/{threads}"), engine, Vec::new(), did);
+    }
+}
+
+fn cores() -> usize {
+    thread::available_parallelism().map_or(1, NonZero::get)
+}
+
+fn shardwheel_name(shards: usize) -> String {
+    if shards == 1 {
+        "shardwheel-1shard".to_owned()
+    } else {
+        format!("shardwheel-{shards}shards")
+    }
+}
+
+fn configure<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
+    let mut group = c.benchmark_group(name);
+    group.sample_size(10);
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    group
+}
+
+fn churn(c: &mut Criterion) {
+    let mut group = configure(c, "churn");
+    group.throughput(Throughput::Elements(1));
+    for threads in 1..=cores() {
+        for shards in 1..=cores() {
+            bench_churn(&mut group, &shardwheel_name(shards), threads, || {
+                Shardwheel::new(shards)
+            });
+        }
+        bench_churn(&mut group, "tokio", threads, Tokio::new);
+        bench_churn(&mut group, "heap", threads, HeapTimer::new);
+    }
+    group.finish();
+}
+
+fn storm(c: &mut Criterion) {
+    let mut group = configure(c, "storm");
+    // One iteration is one storm (at least 50 ms): keep the iteration count per sample flat.
+    group.sampling_mode(SamplingMode::Flat);
+    group.throughput(Throughput::Elements(STORM_TIMERS as u64));
+    for threads in 1..=cores() {
+        for shards in 1..=cores() {
+            bench_storm(&mut group, &shardwheel_name(shards), threads, || {
+                Shardwheel::new(shards)
+            });
+        }
+        bench_storm(&mut group, "tokio", threads, Tokio::new);
+        bench_storm(&mut group, "heap", threads, HeapTimer::new);
+    }
+    group.finish();
+}
+
+fn reset(c: &mut Criterion) {
+    let mut group = configure(c, "reset");
+    group.throughput(Throughput::Elements(1));
+    for threads in 1..=cores() {
+        for shards in 1..=cores() {
+            bench_reset(&mut group, &shardwheel_name(shards), threads, || {
+                Shardwheel::new(shards)
+            });
+        }
+        bench_reset(&mut group, "tokio", threads, Tokio::new);
+        bench_reset(&mut group, "heap", threads, HeapTimer::new);
+    }
+    group.finish();
+}
+
+criterion_group!(benches, churn, storm, reset);
+criterion_main!(benches);
