@@ -286,9 +286,10 @@ impl ShardCore {
         }
     }
 
-    /// The tick of the wheel's next work (`None`: nothing stored).
-    pub(crate) fn next_expiration(&self) -> Option<u64> {
-        self.wheel.next_expiration()
+    /// The tick of the wheel's next work: an expiry, or a cascade started ahead of time
+    /// (`None`: nothing stored).
+    pub(crate) fn next_work(&self) -> Option<u64> {
+        self.wheel.next_work()
     }
 
     /// Applies up to [`DRAIN_BATCH`] messages; returns how many there were.

@@ -109,7 +109,7 @@ pub(crate) fn run(
             continue;
         }
         let now = clock.now_tick();
-        let next = core.next_expiration().unwrap_or(u64::MAX);
+        let next = core.next_work().unwrap_or(u64::MAX);
         if next <= now {
             continue;
         }

@@ -1,9 +1,10 @@
 //! The geometry and list surgery of the hierarchical wheel, independent of where entries live.
 //!
-//! [`WheelCore`] owns the levels (slot heads and occupancy bitmaps), the overflow list and the
-//! current tick. The entries themselves live in a caller-owned store that implements
-//! [`LinkStore`]: the standalone [`Wheel`](super::Wheel) keeps them in a slab, the engine's shard
-//! keeps them beside each timer's task. Each entry carries only its [`Links`]: 16 bytes.
+//! [`WheelCore`] owns the list heads (the near ring, the far levels, the overflow list and the
+//! list being cascaded), their occupancy bitmaps and the two cursors. The entries themselves live
+//! in a caller-owned store that implements [`LinkStore`]: the standalone [`Wheel`](super::Wheel)
+//! keeps them in a slab, the engine's shard keeps them beside each timer's task. Each entry
+//! carries only its [`Links`]: 16 bytes.
 
 /// Bits of the tick consumed by one level.
 const SLOT_BITS: u32 = 6;
@@ -14,15 +15,36 @@ pub const SLOTS_PER_LEVEL: usize = 1 << SLOT_BITS;
 pub const DEFAULT_LEVELS: usize = 6;
 /// The most levels a wheel may have: 11 levels cover all 2^64 ticks, so nothing overflows.
 pub const MAX_LEVELS: usize = 11;
-/// Indices at or above this are reserved for list markers.
-pub(crate) const MAX_INDEX: u32 = u32::MAX - 2;
 
-/// End of a list (no previous or no next entry).
+/// Ticks in one window: the span of level 0, and of one level-1 slot.
+const WINDOW: u64 = SLOTS_PER_LEVEL as u64;
+/// Slots of the near ring, one tick each: two windows, the current one and the next.
+const NEAR_SLOTS: usize = 2 * SLOTS_PER_LEVEL;
+
+/// List ids. `0..NEAR_SLOTS` are the near ring's slots; far level `L`, slot `s` is
+/// `FAR_LISTS + L * SLOTS_PER_LEVEL + s` (level 0 of the far levels is never used: the ring
+/// takes its place); then the overflow list and the list being cascaded.
+const FAR_LISTS: usize = NEAR_SLOTS;
+const OVERFLOW_LIST: usize = FAR_LISTS + MAX_LEVELS * SLOTS_PER_LEVEL;
+const CASCADING_LIST: usize = OVERFLOW_LIST + 1;
+const LIST_COUNT: usize = CASCADING_LIST + 1;
+
+/// End of a list (no next entry).
 const NONE: u32 = u32::MAX;
 /// `prev` of an entry that is in no list.
 const UNLINKED: u32 = u32::MAX - 1;
 /// `next` of an entry that is in no list but carries a deferred deadline.
 const DEFERRED: u32 = u32::MAX - 1;
+/// `prev` of a list's first entry is `FIRST_OF + list id`: removal finds the head to update
+/// without working out where the entry is.
+const FIRST_OF: u32 = UNLINKED - 1024;
+const _: () = assert!(LIST_COUNT <= 1024, "list ids must fit below UNLINKED");
+/// Indices above this are reserved for list markers.
+pub(crate) const MAX_INDEX: u32 = FIRST_OF - 1;
+
+/// Entries an `advance_to` moves ahead of time when a whole window is left before they are
+/// needed; the budget grows as that time runs out (see [`WheelCore::cascade_ahead`]).
+const CASCADE_BUDGET: u64 = 512;
 
 /// The wheel's bookkeeping inside each stored entry.
 #[derive(Clone, Copy, Debug)]
@@ -102,20 +124,6 @@ pub(crate) trait LinkStore {
     fn links_mut(&mut self, index: u32) -> &mut Links;
 }
 
-/// One level: 64 list heads and a bitmap of the non-empty ones.
-#[derive(Clone)]
-struct Level {
-    occupied: u64,
-    heads: [u32; SLOTS_PER_LEVEL],
-}
-
-/// Which list an entry with a given deadline belongs to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Location {
-    Slot { level: usize, slot: usize },
-    Overflow,
-}
-
 /// Mask of the low `bits` bits (all bits when `bits >= 64`).
 fn low_mask(bits: u32) -> u64 {
     if bits >= 64 {
@@ -133,15 +141,34 @@ fn level_for(elapsed: u64, deadline: u64) -> usize {
     (significant / SLOT_BITS) as usize
 }
 
+/// The first tick of the window holding `tick`.
+fn window_start(tick: u64) -> u64 {
+    tick & !(WINDOW - 1)
+}
+
 /// The hierarchical timing wheel over indices into a [`LinkStore`]. See [`Wheel`](super::Wheel)
 /// for how it works.
+///
+/// Two cursors: `elapsed` (every deadline before it has been handed out) and `far_elapsed` (a
+/// window start, at most one window ahead of `elapsed`'s): the far levels are placed relative to
+/// `far_elapsed`, and every entry of a window up to `far_elapsed`'s is in the near ring, except,
+/// while a cascade is under way, entries of `far_elapsed`'s own window still in the cascading
+/// list.
 #[derive(Clone)]
 pub(crate) struct WheelCore {
-    /// Every tick before this one has been processed.
+    /// The fire cursor: every tick before it has been processed.
     elapsed: u64,
-    levels: Box<[Level]>,
-    overflow_head: u32,
-    /// A lower bound of the overflow list's deadlines (`u64::MAX` when it is empty).
+    /// The far cursor: a window start, `elapsed`'s or the next one.
+    far_elapsed: u64,
+    /// Far levels in use (`1..=MAX_LEVELS`; level 0 is the near ring).
+    levels: usize,
+    heads: Box<[u32; LIST_COUNT]>,
+    /// Bit `s`: near slot `s` is non-empty.
+    near_occupied: u128,
+    /// Bit `s` of word `L`: far level `L`, slot `s` is non-empty (word 0 unused).
+    far_occupied: [u64; MAX_LEVELS],
+    /// A lower bound of the overflow list's deadlines (`u64::MAX` once it was emptied by a
+    /// cascade).
     overflow_min: u64,
     len: usize,
 }
@@ -155,15 +182,11 @@ impl WheelCore {
         );
         WheelCore {
             elapsed: 0,
-            levels: vec![
-                Level {
-                    occupied: 0,
-                    heads: [NONE; SLOTS_PER_LEVEL]
-                };
-                levels
-            ]
-            .into(),
-            overflow_head: NONE,
+            far_elapsed: 0,
+            levels,
+            heads: Box::new([NONE; LIST_COUNT]),
+            near_occupied: 0,
+            far_occupied: [0; MAX_LEVELS],
             overflow_min: u64::MAX,
             len: 0,
         }
@@ -179,21 +202,73 @@ impl WheelCore {
         self.len
     }
 
-    fn location_for(&self, deadline: u64) -> Location {
-        let level = level_for(self.elapsed, deadline);
-        if level >= self.levels.len() {
-            Location::Overflow
-        } else {
-            let slot = (deadline >> (level as u32 * SLOT_BITS)) as usize & (SLOTS_PER_LEVEL - 1);
-            Location::Slot { level, slot }
+    /// Pushes `index` on the front of list `list`.
+    fn push_front<S: LinkStore>(&mut self, store: &mut S, list: usize, index: u32, deadline: u64) {
+        let head = self.heads[list];
+        *store.links_mut(index) = Links {
+            deadline,
+            prev: FIRST_OF + list as u32,
+            next: head,
+        };
+        if head != NONE {
+            store.links_mut(head).prev = index;
+        }
+        self.heads[list] = index;
+    }
+
+    /// Takes list `list` whole, clearing its occupancy; returns its first entry.
+    fn take_list(&mut self, list: usize) -> u32 {
+        self.clear_occupied(list);
+        std::mem::replace(&mut self.heads[list], NONE)
+    }
+
+    /// Marks list `list` empty in its bitmap (the overflow list keeps its lower bound).
+    fn clear_occupied(&mut self, list: usize) {
+        if list < NEAR_SLOTS {
+            self.near_occupied &= !(1u128 << list);
+        } else if list < OVERFLOW_LIST {
+            let far = list - FAR_LISTS;
+            self.far_occupied[far / SLOTS_PER_LEVEL] &= !(1u64 << (far % SLOTS_PER_LEVEL));
+        } else if list == OVERFLOW_LIST {
+            self.overflow_min = u64::MAX;
         }
     }
 
-    fn head_mut(&mut self, location: Location) -> &mut u32 {
-        match location {
-            Location::Slot { level, slot } => &mut self.levels[level].heads[slot],
-            Location::Overflow => &mut self.overflow_head,
-        }
+    /// Links `index` (unlinked, `deadline` at or after `elapsed`) into the list its deadline
+    /// belongs to now. Does not count it.
+    fn link<S: LinkStore>(&mut self, store: &mut S, index: u32, deadline: u64) {
+        debug_assert!(
+            deadline >= self.elapsed,
+            "linking entry {index} at {deadline}, before the tick {}",
+            self.elapsed
+        );
+        let list = if deadline >> SLOT_BITS <= self.far_elapsed >> SLOT_BITS {
+            debug_assert!(
+                (deadline >> SLOT_BITS) - (self.elapsed >> SLOT_BITS) <= 1,
+                "near ring overrun: deadline {deadline} at tick {}",
+                self.elapsed
+            );
+            let list = (deadline % NEAR_SLOTS as u64) as usize;
+            self.near_occupied |= 1u128 << list;
+            list
+        } else {
+            let level = level_for(self.far_elapsed, deadline);
+            debug_assert!(
+                level >= 1,
+                "far entry {index} at {deadline} in far_elapsed's window {}",
+                self.far_elapsed
+            );
+            if level >= self.levels {
+                self.overflow_min = self.overflow_min.min(deadline);
+                OVERFLOW_LIST
+            } else {
+                let slot =
+                    (deadline >> (level as u32 * SLOT_BITS)) as usize & (SLOTS_PER_LEVEL - 1);
+                self.far_occupied[level] |= 1u64 << slot;
+                FAR_LISTS + level * SLOTS_PER_LEVEL + slot
+            }
+        };
+        self.push_front(store, list, index, deadline);
     }
 
     /// Stores entry `index` (which must be unlinked) to expire at `deadline`. A deadline before
@@ -207,22 +282,7 @@ impl WheelCore {
             !store.links(index).is_linked(),
             "entry {index} inserted while already in the wheel"
         );
-        let deadline = deadline.max(self.elapsed);
-        let location = self.location_for(deadline);
-        let head = *self.head_mut(location);
-        *store.links_mut(index) = Links {
-            deadline,
-            prev: NONE,
-            next: head,
-        };
-        if head != NONE {
-            store.links_mut(head).prev = index;
-        }
-        *self.head_mut(location) = index;
-        match location {
-            Location::Slot { level, slot } => self.levels[level].occupied |= 1 << slot,
-            Location::Overflow => self.overflow_min = self.overflow_min.min(deadline),
-        }
+        self.link(store, index, deadline.max(self.elapsed));
         self.len += 1;
     }
 
@@ -232,20 +292,15 @@ impl WheelCore {
         if !links.is_linked() {
             return false;
         }
-        // The entry's list follows from its deadline and the current tick: an entry never
-        // changes level without being re-inserted (see `process`).
-        let location = self.location_for(links.deadline);
-        if links.prev == NONE {
+        if links.prev >= FIRST_OF {
+            let list = (links.prev - FIRST_OF) as usize;
             debug_assert_eq!(
-                *self.head_mut(location),
-                index,
-                "entry {index} is not its list's head"
+                self.heads[list], index,
+                "entry {index} is not the head of its list {list}"
             );
-            *self.head_mut(location) = links.next;
+            self.heads[list] = links.next;
             if links.next == NONE {
-                if let Location::Slot { level, slot } = location {
-                    self.levels[level].occupied &= !(1 << slot);
-                }
+                self.clear_occupied(list);
             }
         } else {
             store.links_mut(links.prev).next = links.next;
@@ -258,45 +313,92 @@ impl WheelCore {
         true
     }
 
-    /// The list processed next and the tick at which it comes due: the earliest non-empty slot
-    /// of the lowest non-empty level, else the overflow list at the start of its earliest
+    /// The earliest tick held by the near ring.
+    fn near_next(&self) -> Option<u64> {
+        if self.near_occupied == 0 {
+            return None;
+        }
+        let position = (self.elapsed % NEAR_SLOTS as u64) as u32;
+        let ahead = self.near_occupied.rotate_right(position).trailing_zeros();
+        Some(self.elapsed + u64::from(ahead))
+    }
+
+    /// The far list cascaded next and the tick at which it is due: the earliest non-empty slot
+    /// of the lowest non-empty far level, else the overflow list at the start of its earliest
     /// top-level block.
-    fn next_due(&self) -> Option<(u64, Location)> {
-        for (level, state) in self.levels.iter().enumerate() {
-            if state.occupied == 0 {
+    fn far_next_due(&self) -> Option<(u64, usize)> {
+        for level in 1..self.levels {
+            let occupied = self.far_occupied[level];
+            if occupied == 0 {
                 continue;
             }
             let shift = level as u32 * SLOT_BITS;
-            let position = (self.elapsed >> shift) as usize & (SLOTS_PER_LEVEL - 1);
-            let ahead = state.occupied & (u64::MAX << position);
+            let position = (self.far_elapsed >> shift) as usize & (SLOTS_PER_LEVEL - 1);
             debug_assert_eq!(
-                ahead, state.occupied,
-                "level {level} has slots behind its cursor {position} at tick {}",
-                self.elapsed
+                occupied & (u64::MAX << position),
+                occupied,
+                "far level {level} has slots behind its cursor {position} at tick {}",
+                self.far_elapsed
             );
-            let slot = ahead.trailing_zeros() as usize;
-            let block_start = self.elapsed & !low_mask(shift + SLOT_BITS);
+            let slot = occupied.trailing_zeros() as usize;
+            let block_start = self.far_elapsed & !low_mask(shift + SLOT_BITS);
             let due = block_start + ((slot as u64) << shift);
-            return Some((due, Location::Slot { level, slot }));
+            return Some((due, FAR_LISTS + level * SLOTS_PER_LEVEL + slot));
         }
-        if self.overflow_head != NONE {
-            let top_bits = self.levels.len() as u32 * SLOT_BITS;
-            let due = (self.overflow_min & !low_mask(top_bits)).max(self.elapsed);
-            return Some((due, Location::Overflow));
+        if self.heads[OVERFLOW_LIST] != NONE {
+            let top_bits = self.levels as u32 * SLOT_BITS;
+            let due = (self.overflow_min & !low_mask(top_bits)).max(self.far_elapsed);
+            return Some((due, OVERFLOW_LIST));
         }
         None
     }
 
-    /// The tick at which the next entry expires or must be moved down a level: the caller may
-    /// sleep until then. `None` when the wheel is empty.
+    /// The last tick whose entries are all in the near ring.
+    pub(super) fn complete_through(&self) -> u64 {
+        if self.heads[CASCADING_LIST] != NONE {
+            self.far_elapsed - 1
+        } else {
+            self.far_elapsed | (WINDOW - 1)
+        }
+    }
+
+    /// The tick at which the next entry expires, or at which entries must be moved down to
+    /// expire on time (never later than the earliest deadline). `None` when the wheel is empty.
     pub(crate) fn next_expiration(&self) -> Option<u64> {
-        self.next_due().map(|(due, _)| due)
+        let far = if self.heads[CASCADING_LIST] != NONE {
+            Some(self.far_elapsed)
+        } else {
+            self.far_next_due().map(|(due, _)| due)
+        };
+        match (self.near_next(), far) {
+            (Some(near), Some(far)) => Some(near.min(far)),
+            (near, far) => near.or(far),
+        }
+    }
+
+    /// The tick at which the owner should call [`advance_to`](Self::advance_to) next: the next
+    /// expiration, or earlier, when the next cascade may start ahead of time (a window before
+    /// it is due) so that it is spread over many advances.
+    pub(crate) fn next_work(&self) -> Option<u64> {
+        let ahead = if self.heads[CASCADING_LIST] != NONE {
+            Some(self.elapsed.saturating_add(1))
+        } else {
+            self.far_next_due()
+                .map(|(due, _)| due.saturating_sub(WINDOW).max(self.elapsed.saturating_add(1)))
+        };
+        match (self.next_expiration(), ahead) {
+            (Some(next), Some(ahead)) => Some(next.min(ahead)),
+            (next, ahead) => next.or(ahead),
+        }
     }
 
     /// Moves the wheel to tick `now`, calling `on_expired(store, index)` for every entry whose
     /// deadline is at or before `now`, in deadline order. The entry is already unlinked when the
     /// callback runs. Returns how many entries expired. A `now` before the current tick counts
     /// as the current tick (time never moves back; entries due at it still expire).
+    ///
+    /// Then moves a bounded number of entries of the next window down into the near ring, so
+    /// that a crowded window's cascade is spread over the window before it.
     pub(crate) fn advance_to<S: LinkStore>(
         &mut self,
         store: &mut S,
@@ -305,59 +407,146 @@ impl WheelCore {
     ) -> usize {
         let now = now.max(self.elapsed);
         let mut expired = 0;
-        while let Some((due, location)) = self.next_due() {
-            if due > now {
+        loop {
+            let through = self.complete_through();
+            expired += self.fire_near(store, now.min(through), &mut on_expired);
+            if now <= through {
                 break;
             }
-            expired += self.process(store, due, location, &mut on_expired);
+            // Entries due by `now` may still be outside the ring: cascade them now, in full.
+            if self.heads[CASCADING_LIST] != NONE {
+                self.cascade(store, u64::MAX);
+                continue;
+            }
+            debug_assert_eq!(
+                self.near_occupied, 0,
+                "near ring not empty after firing through {through}"
+            );
+            match self.far_next_due() {
+                Some((due, list)) if due <= now => {
+                    // Every deadline before `due` has been handed out.
+                    self.elapsed = due;
+                    self.start_cascade(store, due, list);
+                }
+                _ => self.far_elapsed = window_start(now),
+            }
         }
-        self.elapsed = self.elapsed.max(now);
+        self.elapsed = now;
+        self.cascade_ahead(store);
         expired
     }
 
-    /// Takes the list at `location`, due at tick `due`: level-0 entries expire, the others are
-    /// re-inserted relative to the new tick (they move to a lower level, or stay in overflow).
-    fn process<S: LinkStore>(
+    /// Expires the near ring's entries due at or before `limit` (which must be no later than
+    /// [`complete_through`](Self::complete_through)), in order, and moves `elapsed` to `limit`.
+    fn fire_near<S: LinkStore>(
         &mut self,
         store: &mut S,
-        due: u64,
-        location: Location,
+        limit: u64,
         on_expired: &mut impl FnMut(&mut S, u32),
     ) -> usize {
-        debug_assert!(
-            due >= self.elapsed,
-            "time went backwards: {due} < {}",
-            self.elapsed
-        );
-        self.elapsed = due;
-        let mut cursor = std::mem::replace(self.head_mut(location), NONE);
-        match location {
-            Location::Slot { level, slot } => self.levels[level].occupied &= !(1 << slot),
-            Location::Overflow => self.overflow_min = u64::MAX,
-        }
         let mut expired = 0;
-        while cursor != NONE {
-            let links = *store.links(cursor);
-            store.links_mut(cursor).mark_unlinked();
-            self.len -= 1;
-            if links.deadline <= due {
+        while let Some(due) = self.near_next() {
+            if due > limit {
+                break;
+            }
+            self.elapsed = due;
+            let mut cursor = self.take_list((due % NEAR_SLOTS as u64) as usize);
+            while cursor != NONE {
+                let links = *store.links(cursor);
+                store.links_mut(cursor).mark_unlinked();
+                self.len -= 1;
                 debug_assert_eq!(
                     links.deadline, due,
-                    "entry {cursor} expired late inside the wheel"
+                    "entry {cursor} in the near slot of tick {due}"
                 );
                 expired += 1;
                 on_expired(store, cursor);
-            } else {
-                debug_assert!(
-                    !matches!(location, Location::Slot { level: 0, .. }),
-                    "level-0 entry {cursor} with deadline {} in slot due at {due}",
-                    links.deadline
-                );
-                self.insert(store, cursor, links.deadline);
+                cursor = links.next;
             }
-            cursor = links.next;
         }
+        self.elapsed = self.elapsed.max(limit);
         expired
+    }
+
+    /// Detaches far list `list`, due at `due`, as the cascading list, and moves the far cursor
+    /// to `due`. Its entries are relinked by [`cascade`](Self::cascade).
+    fn start_cascade<S: LinkStore>(&mut self, store: &mut S, due: u64, list: usize) {
+        debug_assert_eq!(
+            self.heads[CASCADING_LIST], NONE,
+            "a cascade is already under way"
+        );
+        debug_assert_eq!(window_start(due), due, "cascade due mid-window at {due}");
+        debug_assert!(
+            due >= self.far_elapsed && (due >> SLOT_BITS) - (self.elapsed >> SLOT_BITS) <= 1,
+            "cascade due at {due} with cursors at {} and {}",
+            self.elapsed,
+            self.far_elapsed
+        );
+        let first = self.take_list(list);
+        debug_assert_ne!(first, NONE, "cascading the empty list {list}");
+        store.links_mut(first).prev = FIRST_OF + CASCADING_LIST as u32;
+        self.heads[CASCADING_LIST] = first;
+        self.far_elapsed = due;
+    }
+
+    /// Relinks up to `budget` entries of the cascading list relative to the far cursor (into
+    /// the near ring, a lower level, or the overflow list). Returns the entries moved.
+    fn cascade<S: LinkStore>(&mut self, store: &mut S, budget: u64) -> u64 {
+        let mut moved = 0;
+        while moved < budget {
+            let index = self.heads[CASCADING_LIST];
+            if index == NONE {
+                break;
+            }
+            let links = *store.links(index);
+            self.heads[CASCADING_LIST] = links.next;
+            if links.next != NONE {
+                store.links_mut(links.next).prev = FIRST_OF + CASCADING_LIST as u32;
+            }
+            debug_assert!(
+                links.deadline >= self.far_elapsed,
+                "entry {index} at {} cascaded at {}",
+                links.deadline,
+                self.far_elapsed
+            );
+            self.link(store, index, links.deadline);
+            moved += 1;
+        }
+        moved
+    }
+
+    /// Work done ahead of time, after an advance: brings the far cursor to the start of the next
+    /// window, cascading the lists due by then into the near ring. The number of entries moved
+    /// is bounded, more so the more ticks are left before they are needed, so a crowded
+    /// window is cascaded a slice per tick over the window before it instead of all at once.
+    fn cascade_ahead<S: LinkStore>(&mut self, store: &mut S) {
+        let Some(target) = window_start(self.elapsed).checked_add(WINDOW) else {
+            return;
+        };
+        if self.far_elapsed >= target && self.heads[CASCADING_LIST] == NONE {
+            return;
+        }
+        let ticks_left = (target - self.elapsed).clamp(1, WINDOW);
+        let mut budget = CASCADE_BUDGET * WINDOW / ticks_left;
+        loop {
+            if self.heads[CASCADING_LIST] != NONE {
+                budget = budget.saturating_sub(self.cascade(store, budget));
+                if budget == 0 {
+                    return;
+                }
+                continue;
+            }
+            if self.far_elapsed >= target {
+                return;
+            }
+            match self.far_next_due() {
+                Some((due, list)) if due <= target => self.start_cascade(store, due, list),
+                _ => {
+                    self.far_elapsed = target;
+                    return;
+                }
+            }
+        }
     }
 
     /// Unlinks every stored entry, calling `on_removed(store, index)` for each (any order).
@@ -366,18 +555,11 @@ impl WheelCore {
         store: &mut S,
         mut on_removed: impl FnMut(&mut S, u32),
     ) {
-        let mut heads: Vec<u32> = Vec::new();
-        for level in self.levels.iter_mut() {
-            let mut occupied = std::mem::take(&mut level.occupied);
-            while occupied != 0 {
-                let slot = occupied.trailing_zeros() as usize;
-                occupied &= occupied - 1;
-                heads.push(std::mem::replace(&mut level.heads[slot], NONE));
-            }
-        }
-        heads.push(std::mem::replace(&mut self.overflow_head, NONE));
+        self.near_occupied = 0;
+        self.far_occupied = [0; MAX_LEVELS];
         self.overflow_min = u64::MAX;
-        for mut cursor in heads {
+        for list in 0..LIST_COUNT {
+            let mut cursor = std::mem::replace(&mut self.heads[list], NONE);
             while cursor != NONE {
                 let next = store.links(cursor).next;
                 store.links_mut(cursor).mark_unlinked();

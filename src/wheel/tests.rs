@@ -1041,7 +1041,8 @@ fn next_expiration_values() {
     let k5 = wheel.insert(5, 5).unwrap();
     assert_eq!(wheel.next_expiration(), Some(5));
     assert_eq!(advance_values(&mut wheel, 5), [5]);
-    assert_eq!(wheel.next_expiration(), Some(64));
+    // The advance moved the next window's entries down ahead of time: 70 is in the near ring.
+    assert_eq!(wheel.next_expiration(), Some(70));
     advance_quiet(&mut wheel, 64);
     assert_eq!(wheel.next_expiration(), Some(70));
     assert_eq!(wheel.remove(k70), Some(70));
@@ -1170,4 +1171,86 @@ fn core_over_a_caller_store() {
     assert_eq!(drained, [4]);
     assert_eq!(core.len(), 0);
     assert!(!store.links(4).is_linked());
+}
+
+// ----------------------------------------------------------------------------------------
+// Cascades spread over the window before them
+// ----------------------------------------------------------------------------------------
+
+/// A tiny deterministic generator (xorshift), so the crowded tests need no dependency.
+fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+#[test]
+fn crowded_windows_cascade_in_slices_and_still_fire_exactly() {
+    // Far more entries per window than one advance moves ahead of time, so cascades are left
+    // half done between advances while entries are removed from and added to every list.
+    for levels in level_choices() {
+        for start in [0u64, 4096 - 200, pow64(3) - 100] {
+            let mut wheel: Wheel<u64> = wheel_at(levels, start);
+            let mut rng = 0x9E37_79B9_7F4A_7C15u64 ^ start;
+            let mut keys = Vec::new();
+            for _ in 0..60_000 {
+                let deadline = start + 1 + xorshift(&mut rng) % 400;
+                keys.push(wheel.insert(deadline, deadline).unwrap());
+            }
+            let mut removed = 0;
+            let mut expected = 60_000;
+            for now in start + 1..=start + 420 {
+                let fired = advance_values(&mut wheel, now);
+                assert!(
+                    fired.iter().all(|&deadline| deadline == now),
+                    "{levels:?}: an entry fired at {now} with another deadline"
+                );
+                expected -= fired.len();
+                // Remove a handful of random entries (most still pending, some fired).
+                for _ in 0..50 {
+                    let key = keys[(xorshift(&mut rng) % keys.len() as u64) as usize];
+                    if let Some(deadline) = wheel.remove(key) {
+                        assert!(deadline > now, "{levels:?}: pending entry was due");
+                        removed += 1;
+                        expected -= 1;
+                    }
+                }
+                // Add entries due soon, some in the window being cascaded.
+                for _ in 0..20 {
+                    let deadline = now + 1 + xorshift(&mut rng) % 130;
+                    keys.push(wheel.insert(deadline, deadline).unwrap());
+                    expected += 1;
+                }
+                assert_eq!(wheel.len(), expected, "{levels:?} at {now}");
+            }
+            assert!(removed > 1000, "the test removed too little: {removed}");
+            let rest = advance_values(&mut wheel, start + 1000);
+            assert_eq!(rest.len(), expected);
+            assert!(rest.windows(2).all(|pair| pair[0] <= pair[1]));
+            assert_eq!(wheel.len(), 0);
+        }
+    }
+}
+
+#[test]
+fn a_crowded_window_is_moved_down_before_it_is_due() {
+    let mut wheel: Wheel<u64> = Wheel::new();
+    for index in 0..20_000u64 {
+        wheel.insert(128 + index % 64, index).unwrap();
+    }
+    // The cascade of [128, 192) starts in the window before it and is done by its end.
+    advance_quiet(&mut wheel, 64);
+    assert_eq!(wheel.next_expiration(), Some(128), "work is due at 128");
+    for now in 65..128 {
+        advance_quiet(&mut wheel, now);
+    }
+    let core = &wheel.core;
+    assert_eq!(core.next_expiration(), Some(128));
+    assert_eq!(
+        core.complete_through(),
+        191,
+        "the window was not cascaded ahead of time"
+    );
+    assert_eq!(advance(&mut wheel, 191).len(), 20_000);
 }
