@@ -37,6 +37,22 @@ pub(crate) fn run_task(task: Task, shard: &ShardShared) {
     }
 }
 
+/// One-shot tasks a shard hands to the pool at once, mid-turn, when many expire together.
+const SPILL_EVERY: usize = 128;
+
+/// Runs a batch of one-shot tasks on the pool, split across its threads.
+fn run_batch(tasks: Vec<Task>, shard: &ShardShared) {
+    use rayon::prelude::*;
+    if tasks.len() <= 64 {
+        tasks.into_iter().for_each(|task| run_task(task, shard));
+    } else {
+        tasks
+            .into_par_iter()
+            .with_min_len(64)
+            .for_each(|task| run_task(task, shard));
+    }
+}
+
 /// Runs one run of a repeating timer and hands it back to its shard, re-armed for its next
 /// run, or ended if it asked to stop or panicked.
 pub(crate) fn run_repeating(run: RepeatingRun, shard: &ShardShared) {
@@ -60,6 +76,25 @@ pub(crate) fn run_repeating(run: RepeatingRun, shard: &ShardShared) {
 }
 
 impl Dispatch {
+    /// How many expired one-shot tasks a shard collects before handing them over mid-turn
+    /// (see [`spill`](Self::spill)).
+    pub(crate) fn spill_every(&self) -> usize {
+        match self {
+            Dispatch::Pool(_) => SPILL_EVERY,
+            Dispatch::Inline => usize::MAX,
+        }
+    }
+
+    /// Hands one-shot tasks to the pool in the middle of a turn. Runs no user code here.
+    pub(crate) fn spill(&self, tasks: Vec<Task>, shard: &Arc<ShardShared>) {
+        if let Dispatch::Pool(pool) = self {
+            let shard = shard.clone();
+            pool.spawn(move || run_batch(tasks, &shard));
+        } else {
+            debug_assert!(false, "inline dispatch never spills");
+        }
+    }
+
     /// Hands out a turn's work: one-shot and repeating tasks to the pool (or here, when
     /// inline), inline tasks here, dropped tasks dropped here. Call with no shard state
     /// borrowed: user code runs.
@@ -71,10 +106,7 @@ impl Dispatch {
                 let shard = shard.clone();
                 pool.spawn(move || {
                     use rayon::prelude::*;
-                    expired
-                        .into_par_iter()
-                        .with_min_len(64)
-                        .for_each(|task| run_task(task, &shard));
+                    run_batch(expired, &shard);
                     repeating
                         .into_par_iter()
                         .for_each(|run| run_repeating(run, &shard));

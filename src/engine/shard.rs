@@ -17,6 +17,9 @@ use std::time::Instant;
 /// Messages drained per round before the shard looks at the wheel again, so a flood of
 /// submissions cannot delay expiry.
 pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
+/// How long a shard's entry table stays allocated after its last timer left (see
+/// [`ShardCore::release_idle_memory`]).
+pub(crate) const RELEASE_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// The engine-wide `max_pending` limit: an exact count of pending timers.
 #[derive(Debug)]
@@ -218,6 +221,18 @@ const VACANT: Entry = Entry {
 struct Entries(Vec<Entry>);
 
 impl LinkStore for Entries {
+    #[inline]
+    fn prefetch(&self, index: u32) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(entry) = self.0.get(index as usize) {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists; a
+            // prefetch only hints the cache and never faults, and the address is a live entry.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>((entry as *const Entry).cast::<i8>()) };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = index;
+    }
     fn links(&self, index: u32) -> &Links {
         &self.0[index as usize].links
     }
@@ -234,6 +249,9 @@ pub(crate) struct ShardCore {
     entries: Entries,
     /// Entries holding a timer (its task, or the place of a repeating task out running).
     live: usize,
+    /// The tick at which the entry table, empty since, is given back (see
+    /// [`release_idle_memory`](Self::release_idle_memory)); `u64::MAX`: not planned.
+    release_at: u64,
     fired: u64,
     reset: u64,
     lateness: LocalLateness,
@@ -280,16 +298,11 @@ impl ShardCore {
             wheel: WheelCore::new(levels),
             entries: Entries(Vec::new()),
             live: 0,
+            release_at: u64::MAX,
             fired: 0,
             reset: 0,
             lateness: LocalLateness::new(),
         }
-    }
-
-    /// The tick of the wheel's next work: an expiry, or a cascade started ahead of time
-    /// (`None`: nothing stored).
-    pub(crate) fn next_work(&self) -> Option<u64> {
-        self.wheel.next_work()
     }
 
     /// Applies up to [`DRAIN_BATCH`] messages; returns how many there were.
@@ -385,14 +398,23 @@ impl ShardCore {
         }
     }
 
-    /// Advances the wheel to `now_tick` and collects the tasks of timers that fired.
-    pub(crate) fn expire(&mut self, now_tick: u64, handoff: &mut Handoff) -> usize {
+    /// Advances the wheel to `now_tick` and collects the tasks of timers that fired. Every
+    /// `spill_every` one-shot pool tasks, hands them to `spill` at once, so that the executor
+    /// starts on them while the shard collects the rest (`usize::MAX`: never).
+    pub(crate) fn expire(
+        &mut self,
+        now_tick: u64,
+        handoff: &mut Handoff,
+        spill_every: usize,
+        mut spill: impl FnMut(Vec<Task>),
+    ) -> usize {
         let shared = &*self.shared;
         let now_nanos = shared.clock.now_nanos();
         let lateness = &mut self.lateness;
         let mut fired = 0u64;
+        let mut released = 0u64;
         self.wheel
-            .advance_to(&mut self.entries, now_tick, |entries, index| {
+            .expire_to(&mut self.entries, now_tick, |entries, index| {
                 let entry = &mut entries.0[index as usize];
                 let repeating = entry.task.as_ref().is_some_and(Task::is_repeating);
                 match shared.slots.fire(index, repeating) {
@@ -409,6 +431,11 @@ impl ShardCore {
                         if free {
                             shared.slots.free_fired(index);
                         }
+                        if handoff.expired.len() >= spill_every {
+                            shared.release_limit((fired - released) as usize);
+                            released = fired;
+                            spill(std::mem::take(&mut handoff.expired));
+                        }
                     }
                     FireOutcome::Run => {
                         let task = entry.task.take().expect("a stored timer has a task");
@@ -423,20 +450,44 @@ impl ShardCore {
             });
         self.fired += fired;
         self.live -= fired as usize;
-        self.shared.release_limit(fired as usize);
+        self.shared.release_limit((fired - released) as usize);
         fired as usize
     }
 
-    /// Gives the entry table's memory back once no timer is left in it (after a mass cancel,
-    /// say): every entry is vacant then, and a later schedule grows it again.
-    pub(crate) fn release_idle_memory(&mut self) {
+    /// Moves a bounded slice of the next window's timers down the wheel ahead of time (after
+    /// the expired tasks were handed off, so they do not wait for it).
+    pub(crate) fn cascade_ahead(&mut self) {
+        self.wheel.cascade_ahead(&mut self.entries);
+    }
+
+    /// Gives the entry table's memory back once no timer has been left in it for
+    /// [`RELEASE_DELAY`] (after a mass cancel, or the end of a storm): every entry is vacant then,
+    /// and a later schedule grows it again. The delay keeps the unmapping (milliseconds for
+    /// a large table) off the moment the last timers fire, when their tasks are still running.
+    pub(crate) fn release_idle_memory(&mut self, now_tick: u64) {
         const KEEP: usize = 4096;
-        if self.live == 0 && self.entries.0.capacity() > KEEP {
-            debug_assert!(
-                self.wheel.len() == 0,
-                "wheel holds entries while none is live"
-            );
+        if self.live != 0 || self.entries.0.capacity() <= KEEP {
+            self.release_at = u64::MAX;
+            return;
+        }
+        debug_assert!(
+            self.wheel.len() == 0,
+            "wheel holds entries while none is live"
+        );
+        if self.release_at == u64::MAX {
+            let delay = self.shared.clock.ticks_in(RELEASE_DELAY).max(1);
+            self.release_at = now_tick.saturating_add(delay);
+        } else if now_tick >= self.release_at {
             self.entries.0 = Vec::new();
+            self.release_at = u64::MAX;
+        }
+    }
+
+    /// The tick of the shard's next work: the wheel's, or giving idle memory back.
+    pub(crate) fn next_work(&self) -> Option<u64> {
+        match self.wheel.next_work() {
+            Some(tick) => Some(tick.min(self.release_at)),
+            None => (self.release_at != u64::MAX).then_some(self.release_at),
         }
     }
 

@@ -131,7 +131,8 @@ impl Engine {
                             break;
                         }
                     }
-                    core.expire(self.clock.now_tick(), &mut handoff);
+                    core.expire(self.clock.now_tick(), &mut handoff, usize::MAX, |_| {});
+                    core.cascade_ahead();
                     core.flush_counters();
                 }
                 progressed |= handoff.ran_anything();

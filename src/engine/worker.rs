@@ -96,12 +96,19 @@ pub(crate) fn run(
         let drained = core.drain_inbox(&mut handoff);
         shared.inbox.consumed(drained);
         active |= drained > 0;
-        core.expire(clock.now_tick(), &mut handoff);
+        core.expire(
+            clock.now_tick(),
+            &mut handoff,
+            dispatch.spill_every(),
+            |tasks| dispatch.spill(tasks, &shared),
+        );
         core.flush_counters();
-        core.release_idle_memory();
         if !handoff.is_empty() {
             core = hand_off(core, &mut handoff, &dispatch)?;
         }
+        // Housekeeping after the hand-off, so that expired tasks never wait for it.
+        core.cascade_ahead();
+        core.release_idle_memory(clock.now_tick());
         if shared.inbox.is_closed() {
             return Some(core);
         }

@@ -21,10 +21,10 @@ const WINDOW: u64 = SLOTS_PER_LEVEL as u64;
 /// Slots of the near ring, one tick each: two windows, the current one and the next.
 const NEAR_SLOTS: usize = 2 * SLOTS_PER_LEVEL;
 
-/// List ids. `0..NEAR_SLOTS` are the near ring's slots; far level `L`, slot `s` is
-/// `FAR_LISTS + L * SLOTS_PER_LEVEL + s` (level 0 of the far levels is never used: the ring
-/// takes its place); then the overflow list and the list being cascaded.
-const FAR_LISTS: usize = NEAR_SLOTS;
+/// Ids of the linked lists: far level `L`, slot `s` is `FAR_LISTS + L * SLOTS_PER_LEVEL + s`
+/// (level 0 of the far levels is never used: the near ring takes its place); then the overflow
+/// list and the list being cascaded.
+const FAR_LISTS: usize = 0;
 const OVERFLOW_LIST: usize = FAR_LISTS + MAX_LEVELS * SLOTS_PER_LEVEL;
 const CASCADING_LIST: usize = OVERFLOW_LIST + 1;
 const LIST_COUNT: usize = CASCADING_LIST + 1;
@@ -39,12 +39,16 @@ const DEFERRED: u32 = u32::MAX - 1;
 /// without working out where the entry is.
 const FIRST_OF: u32 = UNLINKED - 1024;
 const _: () = assert!(LIST_COUNT <= 1024, "list ids must fit below UNLINKED");
+/// `next` of an entry in the near ring, whose `prev` is then its position in its slot's array.
+const IN_RING: u32 = FIRST_OF;
 /// Indices above this are reserved for list markers.
 pub(crate) const MAX_INDEX: u32 = FIRST_OF - 1;
 
 /// Entries an `advance_to` moves ahead of time when a whole window is left before they are
 /// needed; the budget grows as that time runs out (see [`WheelCore::cascade_ahead`]).
 const CASCADE_BUDGET: u64 = 512;
+/// How many entries ahead of use expiry asks the store to prefetch.
+const PREFETCH_AHEAD: usize = 8;
 
 /// The wheel's bookkeeping inside each stored entry.
 #[derive(Clone, Copy, Debug)]
@@ -118,6 +122,12 @@ impl Links {
 
 /// Where the caller keeps entries: the wheel reads and writes their [`Links`] by index.
 pub(crate) trait LinkStore {
+    /// A hint that entry `index` is about to be handed to `on_expired`: the store may prefetch
+    /// what the callback touches.
+    #[inline]
+    fn prefetch(&self, index: u32) {
+        let _ = index;
+    }
     /// The links of entry `index`.
     fn links(&self, index: u32) -> &Links;
     /// The links of entry `index`, mutably.
@@ -163,6 +173,10 @@ pub(crate) struct WheelCore {
     /// Far levels in use (`1..=MAX_LEVELS`; level 0 is the near ring).
     levels: usize,
     heads: Box<[u32; LIST_COUNT]>,
+    /// The near ring: slot `t % NEAR_SLOTS` holds the indices of the entries due at tick `t`,
+    /// as an array (each entry's `prev` is its position), so that expiry reads indices in order
+    /// and can fetch the entries ahead of use instead of chasing one link at a time.
+    near: Box<[Vec<u32>]>,
     /// Bit `s`: near slot `s` is non-empty.
     near_occupied: u128,
     /// Bit `s` of word `L`: far level `L`, slot `s` is non-empty (word 0 unused).
@@ -185,6 +199,7 @@ impl WheelCore {
             far_elapsed: 0,
             levels,
             heads: Box::new([NONE; LIST_COUNT]),
+            near: (0..NEAR_SLOTS).map(|_| Vec::new()).collect(),
             near_occupied: 0,
             far_occupied: [0; MAX_LEVELS],
             overflow_min: u64::MAX,
@@ -224,9 +239,7 @@ impl WheelCore {
 
     /// Marks list `list` empty in its bitmap (the overflow list keeps its lower bound).
     fn clear_occupied(&mut self, list: usize) {
-        if list < NEAR_SLOTS {
-            self.near_occupied &= !(1u128 << list);
-        } else if list < OVERFLOW_LIST {
+        if list < OVERFLOW_LIST {
             let far = list - FAR_LISTS;
             self.far_occupied[far / SLOTS_PER_LEVEL] &= !(1u64 << (far % SLOTS_PER_LEVEL));
         } else if list == OVERFLOW_LIST {
@@ -248,9 +261,16 @@ impl WheelCore {
                 "near ring overrun: deadline {deadline} at tick {}",
                 self.elapsed
             );
-            let list = (deadline % NEAR_SLOTS as u64) as usize;
-            self.near_occupied |= 1u128 << list;
-            list
+            let slot = (deadline % NEAR_SLOTS as u64) as usize;
+            self.near_occupied |= 1u128 << slot;
+            let near = &mut self.near[slot];
+            *store.links_mut(index) = Links {
+                deadline,
+                prev: near.len() as u32,
+                next: IN_RING,
+            };
+            near.push(index);
+            return;
         } else {
             let level = level_for(self.far_elapsed, deadline);
             debug_assert!(
@@ -291,6 +311,25 @@ impl WheelCore {
         let links = *store.links(index);
         if !links.is_linked() {
             return false;
+        }
+        if links.next == IN_RING {
+            let slot = (links.deadline % NEAR_SLOTS as u64) as usize;
+            let near = &mut self.near[slot];
+            let position = links.prev as usize;
+            debug_assert_eq!(
+                near.get(position),
+                Some(&index),
+                "entry {index} is not at its place in near slot {slot}"
+            );
+            near.swap_remove(position);
+            if let Some(&moved) = near.get(position) {
+                store.links_mut(moved).prev = position as u32;
+            } else if near.is_empty() {
+                self.near_occupied &= !(1u128 << slot);
+            }
+            store.links_mut(index).mark_unlinked();
+            self.len -= 1;
+            return true;
         }
         if links.prev >= FIRST_OF {
             let list = (links.prev - FIRST_OF) as usize;
@@ -383,8 +422,10 @@ impl WheelCore {
         let ahead = if self.heads[CASCADING_LIST] != NONE {
             Some(self.elapsed.saturating_add(1))
         } else {
-            self.far_next_due()
-                .map(|(due, _)| due.saturating_sub(WINDOW).max(self.elapsed.saturating_add(1)))
+            self.far_next_due().map(|(due, _)| {
+                due.saturating_sub(WINDOW)
+                    .max(self.elapsed.saturating_add(1))
+            })
         };
         match (self.next_expiration(), ahead) {
             (Some(next), Some(ahead)) => Some(next.min(ahead)),
@@ -400,6 +441,20 @@ impl WheelCore {
     /// Then moves a bounded number of entries of the next window down into the near ring, so
     /// that a crowded window's cascade is spread over the window before it.
     pub(crate) fn advance_to<S: LinkStore>(
+        &mut self,
+        store: &mut S,
+        now: u64,
+        on_expired: impl FnMut(&mut S, u32),
+    ) -> usize {
+        let expired = self.expire_to(store, now, on_expired);
+        self.cascade_ahead(store);
+        expired
+    }
+
+    /// [`advance_to`](Self::advance_to) without the work ahead of time: the caller does that
+    /// later with [`cascade_ahead`](Self::cascade_ahead) (the engine, after handing the
+    /// expired tasks off, so they do not wait for it).
+    pub(crate) fn expire_to<S: LinkStore>(
         &mut self,
         store: &mut S,
         now: u64,
@@ -432,7 +487,6 @@ impl WheelCore {
             }
         }
         self.elapsed = now;
-        self.cascade_ahead(store);
         expired
     }
 
@@ -450,19 +504,27 @@ impl WheelCore {
                 break;
             }
             self.elapsed = due;
-            let mut cursor = self.take_list((due % NEAR_SLOTS as u64) as usize);
-            while cursor != NONE {
-                let links = *store.links(cursor);
-                store.links_mut(cursor).mark_unlinked();
-                self.len -= 1;
-                debug_assert_eq!(
-                    links.deadline, due,
-                    "entry {cursor} in the near slot of tick {due}"
+            let slot = (due % NEAR_SLOTS as u64) as usize;
+            self.near_occupied &= !(1u128 << slot);
+            let indices = std::mem::take(&mut self.near[slot]);
+            for (position, &index) in indices.iter().enumerate() {
+                if let Some(&ahead) = indices.get(position + PREFETCH_AHEAD) {
+                    store.prefetch(ahead);
+                }
+                let links = store.links_mut(index);
+                debug_assert!(
+                    links.deadline == due && links.next == IN_RING,
+                    "entry {index} in the near slot of tick {due}: {links:?}"
                 );
-                expired += 1;
-                on_expired(store, cursor);
-                cursor = links.next;
+                links.mark_unlinked();
+                on_expired(store, index);
             }
+            self.len -= indices.len();
+            expired += indices.len();
+            // Keep the array's room for the slot's next tick.
+            let mut indices = indices;
+            indices.clear();
+            self.near[slot] = indices;
         }
         self.elapsed = self.elapsed.max(limit);
         expired
@@ -519,7 +581,7 @@ impl WheelCore {
     /// window, cascading the lists due by then into the near ring. The number of entries moved
     /// is bounded, more so the more ticks are left before they are needed, so a crowded
     /// window is cascaded a slice per tick over the window before it instead of all at once.
-    fn cascade_ahead<S: LinkStore>(&mut self, store: &mut S) {
+    pub(crate) fn cascade_ahead<S: LinkStore>(&mut self, store: &mut S) {
         let Some(target) = window_start(self.elapsed).checked_add(WINDOW) else {
             return;
         };
@@ -555,6 +617,13 @@ impl WheelCore {
         store: &mut S,
         mut on_removed: impl FnMut(&mut S, u32),
     ) {
+        for slot in 0..NEAR_SLOTS {
+            for index in std::mem::take(&mut self.near[slot]) {
+                store.links_mut(index).mark_unlinked();
+                self.len -= 1;
+                on_removed(store, index);
+            }
+        }
         self.near_occupied = 0;
         self.far_occupied = [0; MAX_LEVELS];
         self.overflow_min = u64::MAX;

@@ -62,7 +62,12 @@ pub(crate) struct StormSink {
 impl StormSink {
     /// Preallocates (and touches) the records of `deadline_ns.len()` timers.
     pub(crate) fn leak(deadline_ns: Vec<u64>) -> &'static StormSink {
-        let fired_ns = (0..deadline_ns.len()).map(|_| AtomicU64::new(0)).collect();
+        let fired_ns: Vec<AtomicU64> = (0..deadline_ns.len()).map(|_| AtomicU64::new(0)).collect();
+        // The allocation may come zeroed and unmapped (calloc): fault every page in now, so
+        // that the storm does not pay for it while firing.
+        for record in fired_ns.iter() {
+            record.store(0, Ordering::Relaxed);
+        }
         Box::leak(Box::new(StormSink {
             start: OnceLock::new(),
             deadline_ns,
