@@ -112,6 +112,9 @@ impl LocalLateness {
     }
 }
 
+/// Stripes of the in-place reset counter.
+const RESET_STRIPES: usize = 4;
+
 /// Counters of one shard that other threads read (and some of which they update).
 pub(crate) struct ShardCounters {
     /// Updated by submitters.
@@ -122,8 +125,11 @@ pub(crate) struct ShardCounters {
     pub(crate) panicked: AtomicU64,
     /// Flushed by the shard.
     pub(crate) fired: AtomicU64,
-    /// Flushed by the shard.
+    /// Flushed by the shard (resets of repeating timers, applied by the shard).
     pub(crate) reset: AtomicU64,
+    /// Resets done in place by handles, striped by thread so that threads resetting timers of
+    /// the same shard do not all bump one cache line.
+    lazy_resets: [crossbeam_utils::CachePadded<AtomicU64>; RESET_STRIPES],
     pub(crate) pinned: AtomicBool,
     lateness: Box<[AtomicU64]>,
     lateness_max_micros: AtomicU64,
@@ -143,10 +149,16 @@ impl ShardCounters {
             panicked: AtomicU64::new(0),
             fired: AtomicU64::new(0),
             reset: AtomicU64::new(0),
+            lazy_resets: Default::default(),
             pinned: AtomicBool::new(false),
             lateness: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             lateness_max_micros: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a reset done in place by the thread whose home ordinal is `ordinal`.
+    pub(crate) fn count_reset(&self, ordinal: usize) {
+        self.lazy_resets[ordinal % RESET_STRIPES].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Adds a shard's local lateness record and clears it.
@@ -178,7 +190,12 @@ impl ShardCounters {
             scheduled,
             fired,
             cancelled,
-            reset: self.reset.load(Ordering::Relaxed),
+            reset: self.reset.load(Ordering::Relaxed)
+                + self
+                    .lazy_resets
+                    .iter()
+                    .map(|stripe| stripe.load(Ordering::Relaxed))
+                    .sum::<u64>(),
             panicked: self.panicked.load(Ordering::Relaxed),
             pending: scheduled.saturating_sub(fired + cancelled),
             pinned: self.pinned.load(Ordering::Relaxed),

@@ -3,7 +3,7 @@
 use super::inbox::PushOutcome;
 use super::message::Message;
 use super::shard::ShardShared;
-use super::slot::{ResetOutcome, TimerState};
+use super::slot::{LazyReset, ResetOutcome, TimerState};
 use crate::sync::{Arc, thread};
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -41,6 +41,10 @@ impl TimerHandle {
 
     /// Moves the deadline to `delay` from now (earlier or later). Returns true iff the timer
     /// was still pending, in which case it fires at the new deadline and not at the old one.
+    ///
+    /// Pushing a one-shot timer's deadline later (the common case: an idle timeout pushed
+    /// back on activity) writes the deadline in place and sends no message: the owning shard
+    /// notices when it reaches the old deadline.
     pub fn reset(&self, delay: Duration) -> bool {
         self.reset_to_tick(self.shard.clock.tick_after(delay))
     }
@@ -53,6 +57,29 @@ impl TimerHandle {
 
     pub(crate) fn reset_to_tick(&self, deadline: u64) -> bool {
         let shard = &*self.shard;
+        match shard
+            .slots
+            .reset_lazy(self.index, self.generation, deadline)
+        {
+            LazyReset::NotPending => return false,
+            LazyReset::Done { earlier } => {
+                shard.counters.count_reset(super::worker::home_ordinal());
+                if earlier {
+                    let message = Message::Relocate {
+                        index: self.index,
+                        generation: self.generation,
+                    };
+                    if let PushOutcome::Closed { drained: true } =
+                        shard.inbox.push(message, deadline)
+                    {
+                        shard.discard_late_messages();
+                    }
+                }
+                return true;
+            }
+            // Its task must learn of the reset: the shard applies it.
+            LazyReset::Repeating => {}
+        }
         loop {
             match shard.slots.reset(self.index, self.generation) {
                 ResetOutcome::Accepted => break,

@@ -5,12 +5,10 @@ use crate::task::Task;
 /// One request to the shard that owns slot `index`.
 #[derive(Debug)]
 pub(crate) enum Message {
-    /// Store the timer in slot `index` (already PENDING in the slot table) at `deadline`.
+    /// Store the timer in slot `index` (already PENDING in the slot table, with its deadline).
     Schedule {
         /// Slot of the new timer.
         index: u32,
-        /// Deadline tick.
-        deadline: u64,
         /// What to run.
         task: Task,
     },
@@ -19,7 +17,15 @@ pub(crate) enum Message {
         /// Slot of the cancelled timer (the shard still holds it, so it cannot be reused).
         index: u32,
     },
-    /// Move the timer in slot `index` to `deadline` (one reset counted in its state word).
+    /// A one-shot timer's deadline moved earlier in its slot: move its entry in the wheel.
+    Relocate {
+        /// Slot of the timer.
+        index: u32,
+        /// Generation of the timer: the slot may have been reused since.
+        generation: u32,
+    },
+    /// Move the repeating timer in slot `index` to `deadline` (one reset counted in its state
+    /// word).
     Reset {
         /// Slot of the timer.
         index: u32,

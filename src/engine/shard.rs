@@ -4,7 +4,7 @@
 use super::handle::TimerHandle;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
-use super::slot::{FireOutcome, SlotTable};
+use super::slot::{FireOutcome, Slot, SlotTable};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::{LocalLateness, ShardCounters};
@@ -109,7 +109,9 @@ impl ShardShared {
             }
             return Err(ScheduleError::Full);
         };
-        shard.slots.begin(index, generation);
+        shard
+            .slots
+            .begin(index, generation, deadline, task.is_repeating());
         shard
             .counters
             .scheduled
@@ -119,14 +121,10 @@ impl ShardShared {
             index,
             generation,
         };
-        match shard.inbox.push(
-            Message::Schedule {
-                index,
-                deadline,
-                task,
-            },
-            deadline,
-        ) {
+        match shard
+            .inbox
+            .push(Message::Schedule { index, task }, deadline)
+        {
             PushOutcome::Delivered => Ok(handle),
             PushOutcome::Closed { drained } => {
                 // Shutdown raced us. Whoever moves the timer out of PENDING first decides:
@@ -220,24 +218,37 @@ const VACANT: Entry = Entry {
 /// The owner's table of entries, indexed like the slot table.
 struct Entries(Vec<Entry>);
 
-impl LinkStore for Entries {
+/// What the wheel works on: the owner's entries (links) and the slots (deadlines).
+struct Store<'a> {
+    entries: &'a mut Vec<Entry>,
+    slots: &'a SlotTable,
+}
+
+impl LinkStore for Store<'_> {
     #[inline]
     fn prefetch(&self, index: u32) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(entry) = self.0.get(index as usize) {
+        if let Some(entry) = self.entries.get(index as usize) {
             use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let slot = self.slots.slot(index);
             // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists; a
-            // prefetch only hints the cache and never faults, and the address is a live entry.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>((entry as *const Entry).cast::<i8>()) };
+            // prefetch only hints the cache and never faults, and both addresses are live.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>((entry as *const Entry).cast::<i8>());
+                _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot).cast::<i8>());
+            }
         }
         #[cfg(not(target_arch = "x86_64"))]
         let _ = index;
     }
     fn links(&self, index: u32) -> &Links {
-        &self.0[index as usize].links
+        &self.entries[index as usize].links
     }
     fn links_mut(&mut self, index: u32) -> &mut Links {
-        &mut self.0[index as usize].links
+        &mut self.entries[index as usize].links
+    }
+    fn deadline(&self, index: u32) -> u64 {
+        self.slots.deadline(index)
     }
 }
 
@@ -321,11 +332,7 @@ impl ShardCore {
 
     fn apply(&mut self, message: Message, handoff: &mut Handoff) {
         match message {
-            Message::Schedule {
-                index,
-                deadline,
-                task,
-            } => {
+            Message::Schedule { index, task } => {
                 let slot = index as usize;
                 if slot >= self.entries.0.len() {
                     self.entries.0.resize_with(slot + 1, || VACANT);
@@ -337,14 +344,40 @@ impl ShardCore {
                 );
                 entry.task = Some(task);
                 self.live += 1;
-                self.wheel.insert(&mut self.entries, index, deadline);
+                let deadline = self.shared.slots.deadline(index);
+                let mut store = Store {
+                    entries: &mut self.entries.0,
+                    slots: &self.shared.slots,
+                };
+                self.wheel.insert(&mut store, index, deadline);
             }
             Message::Cancel { index } => {
-                self.wheel.remove(&mut self.entries, index);
+                let mut store = Store {
+                    entries: &mut self.entries.0,
+                    slots: &self.shared.slots,
+                };
+                self.wheel.remove(&mut store, index);
                 if let Some(task) = self.entries.0[index as usize].task.take() {
                     self.live -= 1;
                     handoff.dropped.push(task);
                     self.shared.slots.release_by_shard(index);
+                }
+            }
+            Message::Relocate { index, generation } => {
+                let slots = &self.shared.slots;
+                let linked = self
+                    .entries
+                    .0
+                    .get(index as usize)
+                    .is_some_and(|entry| entry.links.is_linked());
+                if linked && slots.is_pending(index, generation) {
+                    let deadline = slots.deadline(index);
+                    let mut store = Store {
+                        entries: &mut self.entries.0,
+                        slots: &self.shared.slots,
+                    };
+                    self.wheel.remove(&mut store, index);
+                    self.wheel.insert(&mut store, index, deadline);
                 }
             }
             Message::Reset {
@@ -354,16 +387,21 @@ impl ShardCore {
             } => {
                 if self.shared.slots.reset_applied(index, generation) == Some(true) {
                     self.reset += 1;
+                    self.shared.slots.set_deadline(index, deadline);
                     let entry = &mut self.entries.0[index as usize];
                     if let Some(task) = &mut entry.task {
                         task.reanchor(self.shared.clock.nanos_of_tick(deadline));
                     }
                     if entry.task.is_none() {
                         // A repeating timer out running: re-armed at this deadline instead.
-                        entry.links.set_deferred_deadline(deadline);
+                        entry.links.set_deferred();
                     } else {
-                        self.wheel.remove(&mut self.entries, index);
-                        self.wheel.insert(&mut self.entries, index, deadline);
+                        let mut store = Store {
+                            entries: &mut self.entries.0,
+                            slots: &self.shared.slots,
+                        };
+                        self.wheel.remove(&mut store, index);
+                        self.wheel.insert(&mut store, index, deadline);
                     }
                 }
             }
@@ -373,18 +411,23 @@ impl ShardCore {
                 mut task,
             } => {
                 let entry = &mut self.entries.0[index as usize];
-                let deadline = match entry.links.take_deferred_deadline() {
-                    Some(reset_to) => {
-                        if let Some(task) = &mut task {
-                            task.reanchor(self.shared.clock.nanos_of_tick(reset_to));
-                        }
-                        reset_to
+                let deadline = if entry.links.take_deferred() {
+                    let reset_to = self.shared.slots.deadline(index);
+                    if let Some(task) = &mut task {
+                        task.reanchor(self.shared.clock.nanos_of_tick(reset_to));
                     }
-                    None => deadline,
+                    reset_to
+                } else {
+                    deadline
                 };
                 if self.shared.slots.finish_run(index, task.is_some()) {
                     entry.task = task;
-                    self.wheel.insert(&mut self.entries, index, deadline);
+                    self.shared.slots.set_deadline(index, deadline);
+                    let mut store = Store {
+                        entries: &mut self.entries.0,
+                        slots: &self.shared.slots,
+                    };
+                    self.wheel.insert(&mut store, index, deadline);
                 } else {
                     // Stopped (its task said so, or it panicked) or cancelled while running.
                     self.live -= 1;
@@ -413,14 +456,17 @@ impl ShardCore {
         let lateness = &mut self.lateness;
         let mut fired = 0u64;
         let mut released = 0u64;
+        let mut store = Store {
+            entries: &mut self.entries.0,
+            slots: &shared.slots,
+        };
         self.wheel
-            .expire_to(&mut self.entries, now_tick, |entries, index| {
-                let entry = &mut entries.0[index as usize];
+            .expire_to(&mut store, now_tick, |store, index, due| {
+                let entry = &mut store.entries[index as usize];
                 let repeating = entry.task.as_ref().is_some_and(Task::is_repeating);
-                match shared.slots.fire(index, repeating) {
+                match shared.slots.fire(index, due, repeating) {
                     FireOutcome::Fire { free } => {
                         let task = entry.task.take().expect("a stored timer has a task");
-                        let due = entry.links.deadline();
                         lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
                         if task.runs_inline() {
                             handoff.inline.push(task);
@@ -436,16 +482,19 @@ impl ShardCore {
                             released = fired;
                             spill(std::mem::take(&mut handoff.expired));
                         }
+                        None
                     }
                     FireOutcome::Run => {
                         let task = entry.task.take().expect("a stored timer has a task");
-                        let due = entry.links.deadline();
                         lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
                         handoff.repeating.push(RepeatingRun { index, task });
+                        None
                     }
+                    // Reset meanwhile: store it again at its new deadline.
+                    FireOutcome::Later(tick) => Some(tick),
                     // The entry stays out of the wheel, task kept: the pending reset message
                     // re-inserts it, the pending cancel message drops it.
-                    FireOutcome::ResetInFlight | FireOutcome::Cancelled => {}
+                    FireOutcome::ResetInFlight | FireOutcome::Cancelled => None,
                 }
             });
         self.fired += fired;
@@ -457,7 +506,11 @@ impl ShardCore {
     /// Moves a bounded slice of the next window's timers down the wheel ahead of time (after
     /// the expired tasks were handed off, so they do not wait for it).
     pub(crate) fn cascade_ahead(&mut self) {
-        self.wheel.cascade_ahead(&mut self.entries);
+        let mut store = Store {
+            entries: &mut self.entries.0,
+            slots: &self.shared.slots,
+        };
+        self.wheel.cascade_ahead(&mut store);
     }
 
     /// Gives the entry table's memory back once no timer has been left in it for
@@ -524,7 +577,7 @@ impl ShardCore {
                 continue;
             };
             let index = index as u32;
-            let deadline = entry.links.deadline();
+            let deadline = shared.slots.deadline(index);
             if shared.slots.cancel_for_shutdown(index) {
                 shared.count_cancelled(1);
                 if task.runs_inline() {

@@ -1,5 +1,5 @@
-//! The shared half of every timer: one atomic state word per slot, in a table that any thread
-//! may read and that never moves or shrinks.
+//! The shared half of every timer: an atomic state word and an atomic deadline per slot, in a
+//! table that any thread may read and that never moves or shrinks.
 //!
 //! # Who touches what
 //!
@@ -11,35 +11,61 @@
 //! # The state word
 //!
 //! ```text
-//!  63          34 33             13    12     11       3   2        1  0
-//! +--------------+-----------------+---------+---------+-------+---------+
-//! |  generation  |  handle count   | RUNNING | resets  | SHARD | lifecyc |   occupied slot
-//! +--------------+-----------------+---------+---------+-------+---------+
-//! |  generation  |  next free slot + 1 (0 = none)      | FREE=0  |   free slot
-//! +--------------+-------------------------------------+---------+
+//!  63          34 33      24 23         6     5         4          3       2       1  0
+//! +--------------+----------+------------+---------+-----------+-----------+-------+---------+
+//! |  generation  | handles  |  resets    | RUNNING | REPEATING | RESETTING | SHARD | lifecyc |
+//! +--------------+----------+------------+---------+-----------+-----------+-------+---------+
+//! |  generation  |  next free slot + 1 (0 = none)                          | FREE=0          |
+//! +--------------+---------------------------------------------------------+-----------------+
 //! ```
 //!
 //! * `lifecycle`: FREE, PENDING, FIRED (handed to run), CANCELLED.
 //! * `SHARD`: the owning shard still holds the slot's private entry (task or links).
-//! * `resets`: resets that succeeded but whose message the shard has not applied yet.
+//! * `RESETTING`: a handle is writing a new deadline (one-shot timers).
+//! * `REPEATING`: the timer is repeating (its resets go through the shard, see below).
 //! * `RUNNING`: a repeating timer's task is out running; the shard re-arms it afterwards.
-//! * `handle count`: live [`TimerHandle`](crate::TimerHandle)s.
+//! * `resets`: one-shot timers: a version, bumped by every finished reset, so that the shard's
+//!   compare-and-swap fails if a reset happened since it read the deadline. Repeating timers:
+//!   resets that succeeded but whose message the shard has not applied yet.
+//! * `handles`: live [`TimerHandle`](crate::TimerHandle)s; sticky once it reaches its maximum
+//!   (1023), so a timer with that many handle clones keeps its slot forever instead of wrapping.
+//!
+//! # The deadline, and lazy resets
+//!
+//! Beside the word sits the timer's deadline tick. The submitter writes it before publishing
+//! the slot; after that, a handle of a one-shot timer moves it with [`reset_lazy`]: take
+//! `RESETTING` (the timer must be PENDING), swap the deadline, then clear `RESETTING` and bump
+//! the version. No message is sent when the deadline moved later: the shard finds the entry at
+//! its old place in the wheel, reads the deadline, and stores it again further on. An earlier
+//! deadline also sends a `Relocate` message, so the shard moves the entry forward.
+//!
+//! The shard fires a one-shot timer only after reading, in order, a word without `RESETTING`,
+//! then a deadline that is due, and then compare-and-swapping that same word to FIRED. A reset
+//! that began after the word was read changes it (RESETTING, then a new version), so the swap
+//! fails and the shard looks again; a reset that ended before is visible in the deadline (its
+//! version bump is a release that the word's acquire load synchronizes with). So a reset that
+//! returned true is never outrun by its timer firing at the old deadline. (The version has 18
+//! bits: the shard would have to stall between two of its instructions while 262,144 resets of
+//! the same timer run for the swap to succeed wrongly.)
 //!
 //! | from                      | event (by whom)                         | to                               |
 //! |---------------------------|-----------------------------------------|----------------------------------|
 //! | FREE                      | allocate + [`begin`] (submitter)        | PENDING, SHARD, 1 handle         |
 //! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message)|
-//! | PENDING                   | [`reset`] (any thread)                  | PENDING, resets + 1              |
-//! | any occupied              | [`reset_applied`] (shard)               | resets - 1                       |
-//! | PENDING, resets = 0       | [`fire`] (shard)                        | FIRED, SHARD cleared             |
-//! | PENDING, resets > 0       | [`fire`] (shard)                        | unchanged: the reset wins        |
+//! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | RESETTING, then version + 1      |
+//! | PENDING, repeating        | [`reset`] (any thread)                  | PENDING, resets + 1              |
+//! | any occupied, repeating   | [`reset_applied`] (shard)               | resets - 1                       |
+//! | PENDING, deadline due     | [`fire`] (shard)                        | FIRED, SHARD cleared             |
+//! | PENDING, RESETTING or deadline later | [`fire`] (shard)             | unchanged: stored again later    |
+//! | PENDING, repeating, resets > 0 | [`fire`] (shard)                   | unchanged: the reset wins        |
 //! | PENDING, repeating        | [`fire`] (shard)                        | PENDING, RUNNING                 |
 //! | RUNNING                   | [`finish_run`] (shard)                  | PENDING (re-armed), or FIRED / SHARD cleared |
 //! | CANCELLED                 | [`release_by_shard`] (shard)            | SHARD cleared                    |
 //! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list |
 //!
 //! Every transition is one compare-and-swap or read-modify-write of the word, so exactly one
-//! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot.
+//! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot. A
+//! resetting handle holds a handle count, so its slot cannot be freed (and reused) under it.
 //!
 //! # Reclamation
 //!
@@ -48,7 +74,7 @@
 //! after its generation is bumped, so a stale reader sees a generation mismatch, never freed
 //! memory: this design needs no epoch-based reclamation.
 
-use crate::sync::{AtomicPtr, AtomicU64, Ordering};
+use crate::sync::{AtomicPtr, AtomicU64, Ordering, thread};
 use crossbeam_utils::CachePadded;
 
 const LIFECYCLE_MASK: u64 = 0b11;
@@ -57,11 +83,15 @@ const PENDING: u64 = 1;
 const FIRED: u64 = 2;
 const CANCELLED: u64 = 3;
 const SHARD: u64 = 1 << 2;
-const RESET_ONE: u64 = 1 << 3;
-const RESET_MASK: u64 = ((1 << 9) - 1) << 3;
-const RUNNING: u64 = 1 << 12;
-const HANDLE_ONE: u64 = 1 << 13;
-const HANDLE_MASK: u64 = ((1 << 21) - 1) << 13;
+const RESETTING: u64 = 1 << 3;
+const REPEATING: u64 = 1 << 4;
+const RUNNING: u64 = 1 << 5;
+const RESET_SHIFT: u32 = 6;
+const RESET_ONE: u64 = 1 << RESET_SHIFT;
+const RESET_MASK: u64 = ((1 << 18) - 1) << RESET_SHIFT;
+const HANDLE_SHIFT: u32 = 24;
+const HANDLE_ONE: u64 = 1 << HANDLE_SHIFT;
+const HANDLE_MASK: u64 = ((1 << 10) - 1) << HANDLE_SHIFT;
 const NEXT_FREE_SHIFT: u32 = 2;
 const NEXT_FREE_MASK: u64 = (u32::MAX as u64) << NEXT_FREE_SHIFT;
 const GENERATION_SHIFT: u32 = 34;
@@ -85,11 +115,18 @@ fn lifecycle_of(word: u64) -> u64 {
 }
 
 fn handles_of(word: u64) -> u64 {
-    (word & HANDLE_MASK) >> 13
+    (word & HANDLE_MASK) >> HANDLE_SHIFT
 }
 
 fn resets_of(word: u64) -> u64 {
-    (word & RESET_MASK) >> 3
+    (word & RESET_MASK) >> RESET_SHIFT
+}
+
+/// One slot: the state word and the deadline tick, side by side (one cache line).
+#[repr(align(16))]
+pub(crate) struct Slot {
+    state: AtomicU64,
+    deadline: AtomicU64,
 }
 
 /// Whether nothing refers to an occupied slot any more, so it can be freed.
@@ -118,8 +155,21 @@ pub(crate) enum FireOutcome {
     Run,
     /// A reset is in flight: keep the entry aside until its message arrives.
     ResetInFlight,
+    /// A one-shot timer's deadline moved (or is being moved): store it again at this tick.
+    Later(u64),
     /// A cancel won: its message will release the entry.
     Cancelled,
+}
+
+/// What [`SlotTable::reset_lazy`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LazyReset {
+    /// Done. `earlier`: the deadline moved earlier, so tell the shard to move the entry.
+    Done { earlier: bool },
+    /// The timer is no longer pending.
+    NotPending,
+    /// A repeating timer: reset it through the shard ([`SlotTable::reset`]).
+    Repeating,
 }
 
 /// What [`SlotTable::reset`] decided.
@@ -135,8 +185,8 @@ pub(crate) enum ResetOutcome {
 
 /// The per-shard table of slot state words, with a lock-free free list.
 pub(crate) struct SlotTable {
-    /// Page `k` holds `FIRST_PAGE << k` words; null until first needed.
-    pages: [AtomicPtr<AtomicU64>; PAGES],
+    /// Page `k` holds `FIRST_PAGE << k` slots; null until first needed.
+    pages: [AtomicPtr<Slot>; PAGES],
     /// Head of the free list: `tag << 32 | (index + 1)`, 0 in the low half when empty. The tag
     /// changes on every push and pop, so a stale compare-and-swap fails (no ABA).
     free_head: CachePadded<AtomicU64>,
@@ -175,13 +225,19 @@ impl SlotTable {
 
     /// The state word of a slot that has been handed out (its page exists).
     fn word(&self, index: u32) -> &AtomicU64 {
+        &self.slot(index).state
+    }
+
+    /// A slot that has been handed out (its page exists).
+    #[inline]
+    pub(crate) fn slot(&self, index: u32) -> &Slot {
         let (page, offset) = locate(index);
         let base = self.pages[page].load(Ordering::Acquire);
         debug_assert!(
             !base.is_null(),
             "slot {index} read before its page was allocated"
         );
-        // SAFETY: `base` points to a live page of `page_len(page)` words: pages are installed
+        // SAFETY: `base` points to a live page of `page_len(page)` slots: pages are installed
         // before any index in them is handed out (see `allocate`), the Acquire load above
         // synchronizes with their Release install, and they are freed only in `Drop`, which
         // takes `&mut self`. `offset < page_len(page)` by construction of `locate`.
@@ -247,10 +303,74 @@ impl SlotTable {
         Some((index, 0))
     }
 
-    /// Publishes a freshly allocated slot as a pending timer with one handle.
-    pub(crate) fn begin(&self, index: u32, generation: u32) {
-        let word = (generation as u64) << GENERATION_SHIFT | HANDLE_ONE | SHARD | PENDING;
-        self.word(index).store(word, Ordering::Release);
+    /// Publishes a freshly allocated slot as a pending timer with one handle, due at tick
+    /// `deadline`.
+    pub(crate) fn begin(&self, index: u32, generation: u32, deadline: u64, repeating: bool) {
+        let slot = self.slot(index);
+        slot.deadline.store(deadline, Ordering::Relaxed);
+        let repeating = if repeating { REPEATING } else { 0 };
+        let word =
+            (generation as u64) << GENERATION_SHIFT | HANDLE_ONE | SHARD | repeating | PENDING;
+        slot.state.store(word, Ordering::Release);
+    }
+
+    /// The deadline tick of a slot that has been handed out (see the module documentation).
+    #[inline]
+    pub(crate) fn deadline(&self, index: u32) -> u64 {
+        self.slot(index).deadline.load(Ordering::Relaxed)
+    }
+
+    /// The shard sets the deadline of a repeating timer it holds (handles never write it).
+    pub(crate) fn set_deadline(&self, index: u32, deadline: u64) {
+        self.slot(index).deadline.store(deadline, Ordering::Relaxed);
+    }
+
+    /// Moves a one-shot timer's deadline in place (see the module documentation).
+    pub(crate) fn reset_lazy(&self, index: u32, generation: u32, deadline: u64) -> LazyReset {
+        let slot = self.slot(index);
+        let mut word = slot.state.load(Ordering::Acquire);
+        loop {
+            if generation_of(word) != generation || lifecycle_of(word) != PENDING {
+                return LazyReset::NotPending;
+            }
+            if word & REPEATING != 0 {
+                return LazyReset::Repeating;
+            }
+            if word & RESETTING != 0 {
+                // Another handle of this timer is resetting it: a few instructions away.
+                thread::yield_now();
+                word = slot.state.load(Ordering::Acquire);
+                continue;
+            }
+            match slot.state.compare_exchange_weak(
+                word,
+                word | RESETTING,
+                Ordering::Acquire,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => word = actual,
+            }
+        }
+        let old = slot.deadline.swap(deadline, Ordering::Relaxed);
+        // Clear RESETTING and bump the version (wrapping inside its field). A cancel may
+        // change the lifecycle meanwhile; nothing else touches a RESETTING word's other bits
+        // but handle counts, so retry on those.
+        let mut word = word | RESETTING;
+        loop {
+            let version = (word + RESET_ONE) & RESET_MASK;
+            let new = word & !(RESETTING | RESET_MASK) | version;
+            match slot
+                .state
+                .compare_exchange_weak(word, new, Ordering::Release, Ordering::Relaxed)
+            {
+                Ok(_) => break,
+                Err(actual) => word = actual,
+            }
+        }
+        LazyReset::Done {
+            earlier: deadline < old,
+        }
     }
 
     /// Puts an unreferenced slot back on the free list with the next generation.
@@ -260,11 +380,11 @@ impl SlotTable {
             "slot {index} freed while referenced: {word:#x}"
         );
         let generation = (generation_of(word).wrapping_add(1) & GENERATION_MASK) as u64;
-        let slot = self.word(index);
+        let word = self.word(index);
         let mut head = self.free_head.load(Ordering::Acquire);
         loop {
             let next = (head as u32) as u64;
-            slot.store(
+            word.store(
                 generation << GENERATION_SHIFT | next << NEXT_FREE_SHIFT | FREE,
                 Ordering::Relaxed,
             );
@@ -320,6 +440,13 @@ impl SlotTable {
         }
     }
 
+    /// Whether the timer of generation `generation` in slot `index` is still pending (false
+    /// once the slot was reused).
+    pub(crate) fn is_pending(&self, index: u32, generation: u32) -> bool {
+        let word = self.word(index).load(Ordering::Acquire);
+        generation_of(word) == generation && lifecycle_of(word) == PENDING
+    }
+
     /// PENDING -> CANCELLED. True iff this call did it (so the task will never run).
     pub(crate) fn cancel(&self, index: u32, generation: u32) -> bool {
         self.update(index, generation, |word| {
@@ -328,7 +455,7 @@ impl SlotTable {
         .is_ok()
     }
 
-    /// Counts a reset of a pending timer; the caller then sends the reset message.
+    /// Counts a reset of a pending repeating timer; the caller then sends the reset message.
     pub(crate) fn reset(&self, index: u32, generation: u32) -> ResetOutcome {
         let mut busy = false;
         let result = self.update(index, generation, |word| {
@@ -360,19 +487,38 @@ impl SlotTable {
         }
     }
 
-    /// The shard's attempt to fire a slot it holds (`repeating`: its task is repeating).
-    pub(crate) fn fire(&self, index: u32, repeating: bool) -> FireOutcome {
-        let slot = self.word(index);
+    /// The shard's attempt to fire a slot it holds, at tick `due` (`repeating`: its task is
+    /// repeating).
+    pub(crate) fn fire(&self, index: u32, due: u64, repeating: bool) -> FireOutcome {
+        let cell = self.slot(index);
+        let slot = &cell.state;
         let mut word = slot.load(Ordering::Acquire);
         loop {
             debug_assert!(
                 word & SHARD != 0,
                 "firing slot {index} the shard does not hold: {word:#x}"
             );
-            match lifecycle_of(word) {
-                PENDING if resets_of(word) == 0 => {}
-                PENDING => return FireOutcome::ResetInFlight,
-                _ => return FireOutcome::Cancelled,
+            debug_assert_eq!(
+                word & REPEATING != 0,
+                repeating,
+                "slot {index}'s REPEATING bit disagrees with its task"
+            );
+            if lifecycle_of(word) != PENDING {
+                return FireOutcome::Cancelled;
+            }
+            if repeating {
+                if resets_of(word) != 0 {
+                    return FireOutcome::ResetInFlight;
+                }
+            } else {
+                if word & RESETTING != 0 {
+                    return FireOutcome::Later(due + 1);
+                }
+                // Ordered after the word's acquire load: sees every reset that ended before.
+                let deadline = cell.deadline.load(Ordering::Relaxed);
+                if deadline > due {
+                    return FireOutcome::Later(deadline);
+                }
             }
             debug_assert!(word & RUNNING == 0, "slot {index} fired while running");
             let new = if repeating {
@@ -475,23 +621,47 @@ impl SlotTable {
         self.cancel(index, generation_of(word))
     }
 
-    /// Another handle to the same timer.
+    /// Another handle to the same timer. The count sticks at its maximum (the slot is then
+    /// never freed: a leak of 16 bytes rather than a wrapped count).
     pub(crate) fn clone_handle(&self, index: u32) {
-        let old = self.word(index).fetch_add(HANDLE_ONE, Ordering::Relaxed);
-        if handles_of(old) + 1 == HANDLE_MASK >> 13 {
-            // Like `Arc`, refuse to wrap the count: 2^21 clones of one handle is a leak.
-            std::process::abort();
+        let word = self.word(index);
+        let mut current = word.load(Ordering::Relaxed);
+        while current & HANDLE_MASK != HANDLE_MASK {
+            match word.compare_exchange_weak(
+                current,
+                current + HANDLE_ONE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
         }
     }
 
     /// A handle went away; frees the slot if nothing else refers to it.
     pub(crate) fn drop_handle(&self, index: u32) {
-        let old = self.word(index).fetch_sub(HANDLE_ONE, Ordering::AcqRel);
-        debug_assert!(
-            handles_of(old) > 0,
-            "slot {index} lost more handles than it had"
-        );
-        let new = old - HANDLE_ONE;
+        let word = self.word(index);
+        let mut current = word.load(Ordering::Relaxed);
+        loop {
+            debug_assert!(
+                handles_of(current) > 0,
+                "slot {index} lost more handles than it had"
+            );
+            if current & HANDLE_MASK == HANDLE_MASK {
+                return; // Sticky: see `clone_handle`.
+            }
+            match word.compare_exchange_weak(
+                current,
+                current - HANDLE_ONE,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        let new = current - HANDLE_ONE;
         if is_unreferenced(new) {
             self.free(index, new);
         }
@@ -518,14 +688,14 @@ impl Drop for SlotTable {
     }
 }
 
-/// A page of `len` FREE words, generation 0. Outside loom it is zeroed memory straight from the
+/// A page of `len` FREE slots, generation 0. Outside loom it is zeroed memory straight from the
 /// allocator (all-zero bytes are exactly that state), so the operating system provides its
 /// pages only as slots are first used: a large, mostly unused last page costs no memory.
 #[cfg(not(loom))]
-fn new_page(len: usize) -> *mut AtomicU64 {
-    let layout = std::alloc::Layout::array::<AtomicU64>(len).expect("page layout fits in memory");
-    // SAFETY: the layout has a non-zero size (pages hold at least FIRST_PAGE words).
-    let base = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<AtomicU64>();
+fn new_page(len: usize) -> *mut Slot {
+    let layout = std::alloc::Layout::array::<Slot>(len).expect("page layout fits in memory");
+    // SAFETY: the layout has a non-zero size (pages hold at least FIRST_PAGE slots).
+    let base = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<Slot>();
     if base.is_null() {
         std::alloc::handle_alloc_error(layout);
     }
@@ -538,17 +708,22 @@ fn new_page(len: usize) -> *mut AtomicU64 {
 /// # Safety
 /// `base` came from `new_page(len)` and is not used afterwards.
 #[cfg(not(loom))]
-unsafe fn free_page(base: *mut AtomicU64, len: usize) {
-    let layout = std::alloc::Layout::array::<AtomicU64>(len).expect("page layout fits in memory");
+unsafe fn free_page(base: *mut Slot, len: usize) {
+    let layout = std::alloc::Layout::array::<Slot>(len).expect("page layout fits in memory");
     // SAFETY: per the contract, `base` was allocated with this very layout.
     unsafe { std::alloc::dealloc(base.cast::<u8>(), layout) };
 }
 
 /// Loom's atomics are not plain memory: build the page word by word.
 #[cfg(loom)]
-fn new_page(len: usize) -> *mut AtomicU64 {
-    let page: Box<[AtomicU64]> = (0..len).map(|_| AtomicU64::new(FREE)).collect();
-    Box::into_raw(page).cast::<AtomicU64>()
+fn new_page(len: usize) -> *mut Slot {
+    let page: Box<[Slot]> = (0..len)
+        .map(|_| Slot {
+            state: AtomicU64::new(FREE),
+            deadline: AtomicU64::new(0),
+        })
+        .collect();
+    Box::into_raw(page).cast::<Slot>()
 }
 
 /// Frees a page made by [`new_page`].
@@ -556,7 +731,7 @@ fn new_page(len: usize) -> *mut AtomicU64 {
 /// # Safety
 /// `base` came from `new_page(len)` and is not used afterwards.
 #[cfg(loom)]
-unsafe fn free_page(base: *mut AtomicU64, len: usize) {
+unsafe fn free_page(base: *mut Slot, len: usize) {
     // SAFETY: per the contract, `base` is a boxed slice of `len` words.
     drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, len)) });
 }
@@ -580,7 +755,7 @@ mod tests {
     fn lifecycle_and_reuse() {
         let table = SlotTable::new();
         let (index, generation) = table.allocate().unwrap();
-        table.begin(index, generation);
+        table.begin(index, generation, 10, false);
         assert_eq!(table.state(index, generation), TimerState::Pending);
         assert!(table.cancel(index, generation));
         assert!(!table.cancel(index, generation));
@@ -589,16 +764,46 @@ mod tests {
         let (again, next_generation) = table.allocate().unwrap();
         assert_eq!(again, index);
         assert_eq!(next_generation, generation + 1);
-        table.begin(again, next_generation);
+        table.begin(again, next_generation, 10, false);
         assert!(
             !table.cancel(index, generation),
             "stale handle must not cancel"
         );
-        assert_eq!(table.reset(again, next_generation), ResetOutcome::Accepted);
-        assert_eq!(table.fire(again, false), FireOutcome::ResetInFlight);
-        assert_eq!(table.reset_applied(again, next_generation), Some(true));
-        assert_eq!(table.fire(again, false), FireOutcome::Fire { free: false });
+        assert_eq!(table.fire(again, 9, false), FireOutcome::Later(10));
+        assert_eq!(
+            table.reset_lazy(again, next_generation, 20),
+            LazyReset::Done { earlier: false }
+        );
+        assert_eq!(table.fire(again, 10, false), FireOutcome::Later(20));
+        assert_eq!(
+            table.reset_lazy(again, next_generation, 15),
+            LazyReset::Done { earlier: true }
+        );
+        assert_eq!(
+            table.fire(again, 15, false),
+            FireOutcome::Fire { free: false }
+        );
         assert_eq!(table.state(again, next_generation), TimerState::Expired);
+        assert_eq!(
+            table.reset_lazy(again, next_generation, 30),
+            LazyReset::NotPending
+        );
+        assert_eq!(table.allocated(), 1);
+    }
+
+    #[test]
+    fn repeating_timers_reset_through_the_shard() {
+        let table = SlotTable::new();
+        let (index, generation) = table.allocate().unwrap();
+        table.begin(index, generation, 10, true);
+        assert_eq!(
+            table.reset_lazy(index, generation, 20),
+            LazyReset::Repeating
+        );
+        assert_eq!(table.reset(index, generation), ResetOutcome::Accepted);
+        assert_eq!(table.fire(index, 10, true), FireOutcome::ResetInFlight);
+        assert_eq!(table.reset_applied(index, generation), Some(true));
+        assert_eq!(table.fire(index, 10, true), FireOutcome::Run);
         assert_eq!(table.allocated(), 1);
     }
 }

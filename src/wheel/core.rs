@@ -4,7 +4,9 @@
 //! list being cascaded), their occupancy bitmaps and the two cursors. The entries themselves live
 //! in a caller-owned store that implements [`LinkStore`]: the standalone [`Wheel`](super::Wheel)
 //! keeps them in a slab, the engine's shard keeps them beside each timer's task. Each entry
-//! carries only its [`Links`]: 16 bytes.
+//! carries only its [`Links`] (8 bytes); the store also answers each entry's deadline, which may
+//! have moved later since the entry was placed (the engine's lazy resets): the wheel re-reads
+//! it whenever it touches the entry, and never hands out an entry before it.
 
 /// Bits of the tick consumed by one level.
 const SLOT_BITS: u32 = 6;
@@ -39,7 +41,8 @@ const DEFERRED: u32 = u32::MAX - 1;
 /// without working out where the entry is.
 const FIRST_OF: u32 = UNLINKED - 1024;
 const _: () = assert!(LIST_COUNT <= 1024, "list ids must fit below UNLINKED");
-/// `next` of an entry in the near ring, whose `prev` is then its position in its slot's array.
+/// `next` of an entry in near slot `s` is `IN_RING + s`; its `prev` is then its position in
+/// the slot's array.
 const IN_RING: u32 = FIRST_OF;
 /// Indices above this are reserved for list markers.
 pub(crate) const MAX_INDEX: u32 = FIRST_OF - 1;
@@ -50,11 +53,16 @@ const CASCADE_BUDGET: u64 = 512;
 /// How many entries ahead of use expiry asks the store to prefetch.
 const PREFETCH_AHEAD: usize = 8;
 
-/// The wheel's bookkeeping inside each stored entry.
+/// The wheel's bookkeeping inside each stored entry: where it is linked.
+///
+/// | state            | `prev`                      | `next`                        |
+/// |------------------|-----------------------------|-------------------------------|
+/// | in no list       | `UNLINKED`                  | `NONE`, or `DEFERRED`         |
+/// | near ring slot s | position in the slot array  | `IN_RING + s`                 |
+/// | first of list l  | `FIRST_OF + l`              | next entry or `NONE`          |
+/// | inside a list    | previous entry              | next entry or `NONE`          |
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Links {
-    /// Deadline tick, already clamped to be no earlier than the wheel's tick at insertion.
-    deadline: u64,
     prev: u32,
     next: u32,
 }
@@ -62,7 +70,6 @@ pub(crate) struct Links {
 impl Links {
     /// Links of an entry that is in no list.
     pub(crate) const UNLINKED: Links = Links {
-        deadline: 0,
         prev: UNLINKED,
         next: NONE,
     };
@@ -72,34 +79,26 @@ impl Links {
         self.prev != UNLINKED
     }
 
-    /// Marks the entry as in no list, keeping its last deadline for the owner to read.
+    /// Marks the entry as in no list.
     fn mark_unlinked(&mut self) {
         self.prev = UNLINKED;
         self.next = NONE;
     }
 
-    /// Records, in an entry that is out of the wheel, a deadline to use when it comes back.
-    pub(crate) fn set_deferred_deadline(&mut self, deadline: u64) {
-        debug_assert!(
-            !self.is_linked(),
-            "deferring the deadline of a linked entry"
-        );
-        self.deadline = deadline;
+    /// Marks an entry that is out of the wheel as owing a move: its owner recorded a new
+    /// deadline to use when it comes back (a reset of a repeating timer out running).
+    pub(crate) fn set_deferred(&mut self) {
+        debug_assert!(!self.is_linked(), "deferring a linked entry");
         self.next = DEFERRED;
     }
 
-    /// Takes the deadline recorded by [`set_deferred_deadline`](Self::set_deferred_deadline).
-    pub(crate) fn take_deferred_deadline(&mut self) -> Option<u64> {
+    /// Takes the mark of [`set_deferred`](Self::set_deferred): whether it was set.
+    pub(crate) fn take_deferred(&mut self) -> bool {
         if self.is_linked() || self.next != DEFERRED {
-            return None;
+            return false;
         }
         self.next = NONE;
-        Some(self.deadline)
-    }
-
-    /// The deadline tick the entry was last stored with (kept after it leaves the wheel).
-    pub(crate) fn deadline(&self) -> u64 {
-        self.deadline
+        true
     }
 
     /// The next entry of a free list threaded through `next` (slabs reuse it while vacant).
@@ -110,7 +109,6 @@ impl Links {
     /// Links of a vacant slab entry whose free-list successor is `next`.
     pub(crate) fn vacant(next: u32) -> Links {
         Links {
-            deadline: 0,
             prev: UNLINKED,
             next,
         }
@@ -132,6 +130,9 @@ pub(crate) trait LinkStore {
     fn links(&self, index: u32) -> &Links;
     /// The links of entry `index`, mutably.
     fn links_mut(&mut self, index: u32) -> &mut Links;
+    /// The deadline tick of entry `index` now: never earlier than where the wheel placed it,
+    /// unless the owner moves the entry (removes and inserts it) afterwards.
+    fn deadline(&self, index: u32) -> u64;
 }
 
 /// Mask of the low `bits` bits (all bits when `bits >= 64`).
@@ -218,10 +219,9 @@ impl WheelCore {
     }
 
     /// Pushes `index` on the front of list `list`.
-    fn push_front<S: LinkStore>(&mut self, store: &mut S, list: usize, index: u32, deadline: u64) {
+    fn push_front<S: LinkStore>(&mut self, store: &mut S, list: usize, index: u32) {
         let head = self.heads[list];
         *store.links_mut(index) = Links {
-            deadline,
             prev: FIRST_OF + list as u32,
             next: head,
         };
@@ -265,9 +265,8 @@ impl WheelCore {
             self.near_occupied |= 1u128 << slot;
             let near = &mut self.near[slot];
             *store.links_mut(index) = Links {
-                deadline,
                 prev: near.len() as u32,
-                next: IN_RING,
+                next: IN_RING + slot as u32,
             };
             near.push(index);
             return;
@@ -288,7 +287,7 @@ impl WheelCore {
                 FAR_LISTS + level * SLOTS_PER_LEVEL + slot
             }
         };
-        self.push_front(store, list, index, deadline);
+        self.push_front(store, list, index);
     }
 
     /// Stores entry `index` (which must be unlinked) to expire at `deadline`. A deadline before
@@ -312,8 +311,8 @@ impl WheelCore {
         if !links.is_linked() {
             return false;
         }
-        if links.next == IN_RING {
-            let slot = (links.deadline % NEAR_SLOTS as u64) as usize;
+        if (IN_RING..IN_RING + NEAR_SLOTS as u32).contains(&links.next) {
+            let slot = (links.next - IN_RING) as usize;
             let near = &mut self.near[slot];
             let position = links.prev as usize;
             debug_assert_eq!(
@@ -433,10 +432,13 @@ impl WheelCore {
         }
     }
 
-    /// Moves the wheel to tick `now`, calling `on_expired(store, index)` for every entry whose
-    /// deadline is at or before `now`, in deadline order. The entry is already unlinked when the
-    /// callback runs. Returns how many entries expired. A `now` before the current tick counts
-    /// as the current tick (time never moves back; entries due at it still expire).
+    /// Moves the wheel to tick `now`, calling `on_expired(store, index, due)` for every entry
+    /// whose deadline is at or before `now`, in deadline order (`due` is the tick being
+    /// processed). The entry is already unlinked when the callback runs; the callback returns
+    /// `None` when the entry is done with, or `Some(tick)` to have it stored again, at `tick` or
+    /// the next tick, whichever is later. Returns how many entries were done with. A `now`
+    /// before the current tick counts as the current tick (time never moves back; entries due at
+    /// it still expire).
     ///
     /// Then moves a bounded number of entries of the next window down into the near ring, so
     /// that a crowded window's cascade is spread over the window before it.
@@ -444,7 +446,7 @@ impl WheelCore {
         &mut self,
         store: &mut S,
         now: u64,
-        on_expired: impl FnMut(&mut S, u32),
+        on_expired: impl FnMut(&mut S, u32, u64) -> Option<u64>,
     ) -> usize {
         let expired = self.expire_to(store, now, on_expired);
         self.cascade_ahead(store);
@@ -458,7 +460,7 @@ impl WheelCore {
         &mut self,
         store: &mut S,
         now: u64,
-        mut on_expired: impl FnMut(&mut S, u32),
+        mut on_expired: impl FnMut(&mut S, u32, u64) -> Option<u64>,
     ) -> usize {
         let now = now.max(self.elapsed);
         let mut expired = 0;
@@ -496,7 +498,7 @@ impl WheelCore {
         &mut self,
         store: &mut S,
         limit: u64,
-        on_expired: &mut impl FnMut(&mut S, u32),
+        on_expired: &mut impl FnMut(&mut S, u32, u64) -> Option<u64>,
     ) -> usize {
         let mut expired = 0;
         while let Some(due) = self.near_next() {
@@ -506,23 +508,37 @@ impl WheelCore {
             self.elapsed = due;
             let slot = (due % NEAR_SLOTS as u64) as usize;
             self.near_occupied &= !(1u128 << slot);
-            let indices = std::mem::take(&mut self.near[slot]);
+            let mut indices = std::mem::take(&mut self.near[slot]);
+            let mut fired = 0;
             for (position, &index) in indices.iter().enumerate() {
                 if let Some(&ahead) = indices.get(position + PREFETCH_AHEAD) {
                     store.prefetch(ahead);
                 }
-                let links = store.links_mut(index);
-                debug_assert!(
-                    links.deadline == due && links.next == IN_RING,
-                    "entry {index} in the near slot of tick {due}: {links:?}"
+                debug_assert_eq!(
+                    store.links(index).next,
+                    IN_RING + slot as u32,
+                    "entry {index} in the near slot of tick {due}"
                 );
-                links.mark_unlinked();
-                on_expired(store, index);
+                store.links_mut(index).mark_unlinked();
+                let deadline = store.deadline(index);
+                let later = if deadline > due {
+                    // Moved later since it was placed: place it again.
+                    Some(deadline)
+                } else {
+                    on_expired(store, index, due)
+                };
+                match later {
+                    None => fired += 1,
+                    Some(tick) => self.link(store, index, tick.max(due + 1)),
+                }
             }
-            self.len -= indices.len();
-            expired += indices.len();
+            self.len -= fired;
+            expired += fired;
             // Keep the array's room for the slot's next tick.
-            let mut indices = indices;
+            debug_assert!(
+                self.near[slot].is_empty(),
+                "near slot {slot} refilled while firing tick {due}"
+            );
             indices.clear();
             self.near[slot] = indices;
         }
@@ -565,13 +581,10 @@ impl WheelCore {
             if links.next != NONE {
                 store.links_mut(links.next).prev = FIRST_OF + CASCADING_LIST as u32;
             }
-            debug_assert!(
-                links.deadline >= self.far_elapsed,
-                "entry {index} at {} cascaded at {}",
-                links.deadline,
-                self.far_elapsed
-            );
-            self.link(store, index, links.deadline);
+            // At or after `far_elapsed`, unless the owner moved it earlier and will move it in
+            // the wheel too: until then it waits in the ring.
+            let deadline = store.deadline(index).max(self.elapsed);
+            self.link(store, index, deadline);
             moved += 1;
         }
         moved

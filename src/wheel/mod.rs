@@ -99,6 +99,7 @@ impl std::error::Error for WheelError {}
 
 struct SlabEntry<T> {
     links: Links,
+    deadline: u64,
     generation: u32,
     value: Option<T>,
 }
@@ -115,6 +116,9 @@ impl<T> LinkStore for Slab<T> {
     }
     fn links_mut(&mut self, index: u32) -> &mut Links {
         &mut self.entries[index as usize].links
+    }
+    fn deadline(&self, index: u32) -> u64 {
+        self.entries[index as usize].deadline
     }
 }
 
@@ -230,11 +234,14 @@ impl<T> Wheel<T> {
             }
             self.slab.entries.push(SlabEntry {
                 links: Links::UNLINKED,
+                deadline: 0,
                 generation: 0,
                 value: Some(value),
             });
             index as u32
         };
+        let deadline = deadline.max(self.core.elapsed());
+        self.slab.entries[index as usize].deadline = deadline;
         self.core.insert(&mut self.slab, index, deadline);
         Ok(EntryKey {
             index,
@@ -263,7 +270,7 @@ impl<T> Wheel<T> {
     /// The deadline tick of a stored entry (clamped to the tick at which it was inserted).
     pub fn deadline(&self, key: EntryKey) -> Option<u64> {
         self.live(key)
-            .then(|| self.slab.entries[key.index as usize].links.deadline())
+            .then(|| self.slab.entries[key.index as usize].deadline)
     }
 
     /// The tick at which the wheel next has work (an entry expires, or moves down a level): the
@@ -277,10 +284,12 @@ impl<T> Wheel<T> {
     /// Costs O(levels + entries expired or moved down), whatever the jump. A `now` before the
     /// current tick does not move time back.
     pub fn advance_to(&mut self, now: u64, mut on_expired: impl FnMut(EntryKey, T)) -> usize {
-        self.core.advance_to(&mut self.slab, now, |slab, index| {
-            let (key, value) = slab.release(index);
-            on_expired(key, value);
-        })
+        self.core
+            .advance_to(&mut self.slab, now, |slab, index, _due| {
+                let (key, value) = slab.release(index);
+                on_expired(key, value);
+                None
+            })
     }
 
     /// Removes every entry, handing each to `on_removed` (any order).

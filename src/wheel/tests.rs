@@ -1130,7 +1130,8 @@ fn next_expiration_never_after_the_earliest_deadline() {
 // The core over a caller's store
 // ----------------------------------------------------------------------------------------
 
-struct VecStore(Vec<Links>);
+/// Links plus deadlines: deadlines may move later while entries are stored.
+struct VecStore(Vec<Links>, Vec<u64>);
 
 impl LinkStore for VecStore {
     fn links(&self, index: u32) -> &Links {
@@ -1139,16 +1140,19 @@ impl LinkStore for VecStore {
     fn links_mut(&mut self, index: u32) -> &mut Links {
         &mut self.0[index as usize]
     }
+    fn deadline(&self, index: u32) -> u64 {
+        self.1[index as usize]
+    }
 }
 
 #[test]
 fn core_over_a_caller_store() {
-    let mut store = VecStore(vec![Links::UNLINKED; 8]);
+    let mut store = VecStore(vec![Links::UNLINKED; 8], vec![0; 8]);
     let mut core = WheelCore::new(2);
     for (index, deadline) in [(0, 3), (1, 3), (2, 70), (3, 5000), (4, u64::MAX)] {
+        store.1[index as usize] = deadline;
         core.insert(&mut store, index, deadline);
         assert!(store.links(index).is_linked());
-        assert_eq!(store.links(index).deadline(), deadline);
     }
     assert_eq!(core.len(), 5);
     assert!(core.remove(&mut store, 1));
@@ -1156,12 +1160,14 @@ fn core_over_a_caller_store() {
     assert!(!core.remove(&mut store, 7), "never inserted");
     assert!(!store.links(1).is_linked());
     let mut fired = Vec::new();
-    let count = core.advance_to(&mut store, 5000, |store, index| {
+    let count = core.advance_to(&mut store, 5000, |store, index, due| {
         assert!(
             !store.links(index).is_linked(),
             "entry still linked in its callback"
         );
+        assert_eq!(store.deadline(index), due);
         fired.push(index);
+        None
     });
     assert_eq!((count, fired), (3, vec![0, 2, 3]));
     assert_eq!(core.elapsed(), 5000);
@@ -1253,4 +1259,57 @@ fn a_crowded_window_is_moved_down_before_it_is_due() {
         "the window was not cascaded ahead of time"
     );
     assert_eq!(advance(&mut wheel, 191).len(), 20_000);
+}
+
+#[test]
+fn deadlines_moved_later_in_place_are_honoured() {
+    // The engine's lazy resets: an entry's deadline grows while it stays where it was placed.
+    // Wherever it is (far level, cascading, near ring), it must fire at its latest deadline.
+    let count = 5_000u32;
+    let mut store = VecStore(
+        vec![Links::UNLINKED; count as usize],
+        vec![0; count as usize],
+    );
+    let mut core = WheelCore::new(3);
+    let mut rng = 7u64;
+    for index in 0..count {
+        let deadline = 1 + xorshift(&mut rng) % 300;
+        store.1[index as usize] = deadline;
+        core.insert(&mut store, index, deadline);
+    }
+    let mut fired = vec![None; count as usize];
+    let mut retried = vec![false; count as usize];
+    for now in 1..3_000u64 {
+        core.advance_to(&mut store, now, |store, index, due| {
+            assert!(store.deadline(index) <= due, "entry {index} fired early");
+            assert!(fired[index as usize].is_none(), "entry {index} fired twice");
+            // Now and then, ask to look again a little later (a reset in progress).
+            if (u64::from(index) * 31 + due) % 7 == 0 && !retried[index as usize] {
+                retried[index as usize] = true;
+                return Some(due + 1);
+            }
+            fired[index as usize] = Some(due);
+            None
+        });
+        // Push a few pending entries later, in place (for a while: then let all fire).
+        for _ in 0..if now < 1_500 { 20 } else { 0 } {
+            let index = (xorshift(&mut rng) % u64::from(count)) as usize;
+            if fired[index].is_none() {
+                store.1[index] = store.1[index].max(now + 1) + xorshift(&mut rng) % 200;
+            }
+        }
+    }
+    for (index, fired) in fired.iter().enumerate() {
+        let fired = fired.expect("every entry fired");
+        let deadline = store.1[index];
+        if retried[index] {
+            assert!(
+                fired >= deadline,
+                "entry {index} fired at {fired}, before {deadline}"
+            );
+        } else {
+            assert_eq!(fired, deadline, "entry {index} fired off its deadline");
+        }
+    }
+    assert_eq!(core.len(), 0);
 }
