@@ -5,29 +5,54 @@
 //! 1. **Schedule** (any thread). The calling thread's home shard is chosen (round-robin by
 //!    thread, or the shard itself for its own thread). A slot is popped from the shard's
 //!    lock-free free list (a tagged Treiber stack threaded through the free slots' state
-//!    words) or taken fresh; its state word becomes PENDING with one handle and the SHARD bit.
+//!    words) or taken fresh; the deadline tick is written beside the state word, which then
+//!    becomes PENDING with one handle and the SHARD bit.
 //!    The task (24 bytes, closures up to 16 bytes stored inline) travels to the shard in a
 //!    `Schedule` message through the shard's inbox, a `crossbeam_queue::SegQueue`.
 //! 2. **Stored** (owner). The shard pops the message, writes the task into its private entry
-//!    (same index as the slot) and links the entry into its wheel.
+//!    (same index as the slot) and links the entry into its wheel at the slot's deadline.
 //! 3. **Cancel** (any thread). A compare-and-swap PENDING -> CANCELLED decides, on the
 //!    spot, that the task will never run; a `Cancel` message then tells the shard to unlink the
 //!    entry and drop the task at its next turn.
-//! 4. **Reset** (any thread). A compare-and-swap that keeps the timer PENDING but counts a
-//!    reset in flight; a `Reset` message carries the new deadline. While a reset is in flight
-//!    the shard does not fire the timer: when its old deadline comes, the entry is set aside
-//!    until the message arrives. So a reset that returned true always moves the deadline.
-//! 5. **Fire** (owner). At the deadline, a compare-and-swap PENDING (no reset in flight) ->
-//!    FIRED; the task goes into the turn's batch, handed to the executor after the turn.
+//! 4. **Reset** (any thread). One-shot timers are reset in place: the handle marks the state
+//!    word RESETTING (a compare-and-swap that requires PENDING), swaps the deadline beside it,
+//!    then clears the mark and bumps the word's version. A later deadline needs nothing more:
+//!    the entry stays where it is, and when the shard reaches it, it reads the deadline and
+//!    stores the entry again further on (idle-connection timeouts pushed back on every request
+//!    cost no message and no work in the shard until their old deadline). An earlier deadline
+//!    also sends a `Relocate` message so the shard moves the entry forward. Repeating timers
+//!    keep the message path (their task must learn of the new schedule): the compare-and-swap
+//!    counts a reset in flight and a `Reset` message carries the deadline; the shard sets such
+//!    a timer aside at its old deadline until the message arrives.
+//! 5. **Fire** (owner). When the wheel hands out an entry, the shard reads the state word
+//!    (acquire), then the deadline; if the word is not RESETTING and the deadline is due, a
+//!    compare-and-swap of that same word to FIRED fires it (any reset since the read changed
+//!    the word, so the swap fails and the shard looks again). Otherwise the entry goes back in
+//!    the wheel at its new deadline (or the next tick, while a reset is under way). So a reset
+//!    that returned true always moves the deadline, and nothing fires early. The task goes into
+//!    the turn's batch; batches of 128 go to the executor while the shard collects the rest.
 //! 6. **Free.** When the timer is FIRED or CANCELLED, the shard has let go of it and no handle
 //!    is left, whoever made that last change pushes the slot back on the free list with the
 //!    next generation.
 //!
 //! # Memory per timer
 //!
-//! Shared state word: 8 bytes. Private entry: wheel links 16 bytes + task 24 bytes. In all
-//! 48 bytes per pending timer, task included, when the closure fits in 16 bytes; the
-//! handle (16 bytes) is the caller's.
+//! Shared slot: state word 8 bytes + deadline 8 bytes. Private entry: wheel links 8 bytes +
+//! task 24 bytes. In all 48 bytes per pending timer, task included, when the closure fits in
+//! 16 bytes; the handle (16 bytes) is the caller's.
+//!
+//! # Firing a million timers in a second
+//!
+//! A hierarchical wheel cascades: when time enters a new 64-tick window, the level-1 slot
+//! holding that window's timers is walked and each timer moved down. With a million timers due
+//! over one second, that slot holds 64,000 timers, and walking a linked list of them is a cache
+//! miss per timer: milliseconds during which nothing fires. So the wheel keeps a near ring of
+//! two windows (the current one and the next) and cascades the next window while the current
+//! one runs, a bounded slice per advance (more as its deadline nears), after the turn's expired
+//! tasks were handed off. Near-ring slots are arrays of entry indices rather than linked lists,
+//! so expiry reads indices in order and prefetches entries and slots eight ahead. Giving an
+//! emptied shard's entry table back to the allocator (an unmapping that takes milliseconds)
+//! waits 20 ms after the last timer left, so it never delays the last tasks of a burst.
 //!
 //! # Why nothing is read after it is freed
 //!

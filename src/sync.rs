@@ -2,7 +2,7 @@
 //!
 //! Everything else in the crate imports atomics, `Arc`, `Mutex`, threads and the lock-free
 //! message queue from here. Under `--cfg loom` they are loom's model-checked types, and the
-//! crossbeam queue (which loom cannot see) is replaced by [`Queue`], a loom-visible stand-in
+//! crossbeam queue (which loom cannot see) is replaced by `Queue`, a loom-visible stand-in
 //! with the same contract: an unbounded multi-producer multi-consumer FIFO whose `push` never
 //! blocks and whose `pop` returns `None` when empty.
 

@@ -12,7 +12,7 @@
 //!
 //! | level | slot width (ticks) | level span (ticks) | span at 1 ms/tick |
 //! |------:|-------------------:|-------------------:|------------------:|
-//! | 0     | 1                  | 64                 | 64 ms             |
+//! | 0 (near ring) | 1          | 128 (two windows)  | 128 ms            |
 //! | 1     | 64                 | 4 096              | 4.1 s             |
 //! | 2     | 4 096              | 262 144            | 4.4 min           |
 //! | 3     | 262 144            | 16 777 216         | 4.7 h             |
@@ -23,34 +23,47 @@
 //! An entry is stored at the level of the highest 6-bit group in which its deadline differs
 //! from the current tick, in the slot named by its deadline's bits at that level. So every
 //! entry of level `L` shares the current tick's bits above level `L`: there are no "remaining
-//! rounds" counters, and level 0 slots each hold exactly one tick.
+//! rounds" counters.
 //!
-//! * **Insert** is O(1): compute the level and slot, push onto that slot's doubly linked list,
-//!   set the slot's occupancy bit.
-//! * **Remove** is O(1) by key: the slot follows from the entry's deadline and the current tick
-//!   (an entry never changes level without being re-inserted), and the list is doubly linked,
-//!   so no slot is searched.
-//! * **Next expiration** is O(levels): the first set bit at or after each level's cursor in
-//!   the lowest non-empty level. Every entry of a lower level is due before any entry of a
-//!   higher one.
-//! * **Advance** repeatedly takes the next due slot: level-0 entries expire; entries of higher
-//!   levels are re-inserted relative to the new tick and so move down ("cascade") until they
-//!   expire at exactly their own tick. Empty stretches of time are skipped via the bitmaps, so
-//!   an advance costs O(levels + entries expired or moved), never O(ticks elapsed).
+//! Level 0 is a **near ring** of 128 one-tick slots: two 64-tick windows, the current one and
+//! the next. The levels above are placed relative to a second cursor, `far_elapsed`, which runs
+//! up to one window ahead of the current tick: while the current window runs, each advance moves
+//! a bounded slice of the next window's entries down into the ring ("cascade ahead"), so that a
+//! crowded window is cascaded a slice at a time over the 64 ticks before it instead of all at
+//! once when it comes due (with a million timers due within a second, a window holds 64,000
+//! of them). When time jumps, whatever is due is cascaded in full first: ahead-of-time work is
+//! only ever early, never missing.
+//!
+//! * **Insert** is O(1): compute the level and slot (or the ring slot), push onto that slot's
+//!   list (or array), set the slot's occupancy bit.
+//! * **Remove** is O(1) by key: the first entry of a list records the list's id in its `prev`
+//!   link, and a ring entry records its slot and its position in the slot's array, so no slot is
+//!   searched and no deadline is needed to find the entry.
+//! * **Next expiration** is O(levels): the first set bit of the ring, or of the lowest
+//!   non-empty level. Every entry of a lower level is due before any entry of a higher one.
+//! * **Advance** fires the ring's slots in order and cascades what is due; levels are
+//!   re-inserted relative to the far cursor and so move down until they reach the ring, where
+//!   they expire at exactly their own tick. Empty stretches of time are skipped via the
+//!   bitmaps, so an advance costs O(levels + entries expired or moved), never O(ticks elapsed).
 //! * **Overflow**: with fewer than 11 levels, deadlines beyond the top level go to an overflow
 //!   list that is re-examined when time reaches the start of the top-level block holding its
 //!   earliest deadline. `u64::MAX` is a valid deadline.
+//! * **Deadlines that move later in place.** The wheel reads an entry's deadline from its owner
+//!   whenever it touches the entry. If the deadline moved later since the entry was placed (the
+//!   engine's lazy resets), the entry is simply placed again; it is never handed out early.
 //!
 //! Expired entries are handed out in deadline order. Entries with the same deadline tick
 //! (ties) come out together in an unspecified order.
 //!
 //! # Memory
 //!
-//! Each entry costs its [`Links`](core::Links) (deadline `u64`, previous and next `u32`:
-//! 16 bytes) plus, in this standalone wheel, a `u32` generation and the `Option` around the
+//! Each entry costs its links (previous and next `u32`: 8 bytes) plus, in
+//! this standalone wheel, its deadline (`u64`), a `u32` generation and the `Option` around the
 //! value: 24 bytes of bookkeeping when `T` has a niche (a `Box`, a reference, a `NonZero`), and
-//! at most 32 bytes for any `T` of alignment 8 or less. The levels are a fixed 264 bytes each.
-//! The engine's shards keep the same 16 bytes of links beside each timer's task.
+//! at most 32 bytes for any `T` of alignment 8 or less. The lists and the ring take a fixed
+//! 4 KiB or so per wheel, plus the ring's arrays (one `u32` per entry due in the next 128
+//! ticks). The engine's shards keep the 8 bytes of links beside each timer's task and the
+//! deadline in the shared slot table.
 //!
 //! # Who may touch what
 //!
