@@ -61,6 +61,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "threads {threads}: {:.2} M pairs/s",
         total as f64 / 3.0 / 1e6
     );
-    println!("{:?}", timer.stats().pending);
+    let stats = timer.stats();
+    let per_shard: Vec<u64> = stats.shards.iter().map(|shard| shard.scheduled).collect();
+    println!("pending {}, scheduled per shard {per_shard:?}", stats.pending);
     Ok(())
 }

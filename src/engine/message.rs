@@ -5,10 +5,15 @@ use crate::task::Task;
 /// One request to the shard that owns slot `index`.
 #[derive(Debug)]
 pub(crate) enum Message {
-    /// Store the timer in slot `index` (already PENDING in the slot table, with its deadline).
+    /// Store the timer in slot `index` (already PENDING in the slot table) at `deadline`. A
+    /// handle may have moved the slot's deadline since: later is found when the entry comes
+    /// due, earlier comes with a `Relocate` message, queued after this one (the handle exists
+    /// only once this message is pushed).
     Schedule {
         /// Slot of the new timer.
         index: u32,
+        /// Deadline tick at scheduling (so the shard need not read the slot's line).
+        deadline: u64,
         /// What to run.
         task: Task,
     },

@@ -123,7 +123,14 @@ impl ShardShared {
         };
         match shard
             .inbox
-            .push(Message::Schedule { index, task }, deadline)
+            .push(
+                Message::Schedule {
+                    index,
+                    deadline,
+                    task,
+                },
+                deadline,
+            )
         {
             PushOutcome::Delivered => Ok(handle),
             PushOutcome::Closed { drained } => {
@@ -332,7 +339,11 @@ impl ShardCore {
 
     fn apply(&mut self, message: Message, handoff: &mut Handoff) {
         match message {
-            Message::Schedule { index, task } => {
+            Message::Schedule {
+                index,
+                deadline,
+                task,
+            } => {
                 let slot = index as usize;
                 if slot >= self.entries.0.len() {
                     self.entries.0.resize_with(slot + 1, || VACANT);
@@ -344,7 +355,6 @@ impl ShardCore {
                 );
                 entry.task = Some(task);
                 self.live += 1;
-                let deadline = self.shared.slots.deadline(index);
                 let mut store = Store {
                     entries: &mut self.entries.0,
                     slots: &self.shared.slots,
