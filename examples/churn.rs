@@ -63,6 +63,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let stats = timer.stats();
     let per_shard: Vec<u64> = stats.shards.iter().map(|shard| shard.scheduled).collect();
-    println!("pending {}, scheduled per shard {per_shard:?}", stats.pending);
+    println!(
+        "pending {}, scheduled per shard {per_shard:?}",
+        stats.pending
+    );
     Ok(())
 }

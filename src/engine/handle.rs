@@ -63,7 +63,7 @@ impl TimerHandle {
         {
             LazyReset::NotPending => return false,
             LazyReset::Done { earlier } => {
-                shard.counters.count_reset(super::worker::home_ordinal());
+                shard.counters.count_reset(super::worker::counter_stripe());
                 if earlier {
                     let message = Message::Relocate {
                         index: self.index,
@@ -85,7 +85,7 @@ impl TimerHandle {
                 ResetOutcome::Accepted => break,
                 ResetOutcome::NotPending => return false,
                 ResetOutcome::Busy => {
-                    // A thousand resets of this timer are in flight: let the shard catch up.
+                    // 2^18 - 1 resets of this timer are in flight: let the shard catch up.
                     if shard.inbox.is_closed() {
                         return false;
                     }

@@ -121,17 +121,14 @@ impl ShardShared {
             index,
             generation,
         };
-        match shard
-            .inbox
-            .push(
-                Message::Schedule {
-                    index,
-                    deadline,
-                    task,
-                },
+        match shard.inbox.push(
+            Message::Schedule {
+                index,
                 deadline,
-            )
-        {
+                task,
+            },
+            deadline,
+        ) {
             PushOutcome::Delivered => Ok(handle),
             PushOutcome::Closed { drained } => {
                 // Shutdown raced us. Whoever moves the timer out of PENDING first decides:
@@ -542,6 +539,7 @@ impl ShardCore {
             self.release_at = now_tick.saturating_add(delay);
         } else if now_tick >= self.release_at {
             self.entries.0 = Vec::new();
+            self.wheel.release_memory();
             self.release_at = u64::MAX;
         }
     }

@@ -13,7 +13,7 @@
 //! ```text
 //!  63          34 33      24 23         6     5         4          3       2       1  0
 //! +--------------+----------+------------+---------+-----------+-----------+-------+---------+
-//! |  generation  | handles  |  resets    | RUNNING | REPEATING | RESETTING | SHARD | lifecyc |
+//! |  generation  | handles  |  resets    | RUNNING | REPEATING | DL_LOCK   | SHARD | lifecyc |
 //! +--------------+----------+------------+---------+-----------+-----------+-------+---------+
 //! |  generation  |  next free slot + 1 (0 = none)                          | FREE=0          |
 //! +--------------+---------------------------------------------------------+-----------------+
@@ -21,12 +21,12 @@
 //!
 //! * `lifecycle`: FREE, PENDING, FIRED (handed to run), CANCELLED.
 //! * `SHARD`: the owning shard still holds the slot's private entry (task or links).
-//! * `RESETTING`: a handle is writing a new deadline (one-shot timers).
+//! * `DL_LOCK` (`DEADLINE_LOCK`): one-shot timers: a handle is writing a new deadline, or the
+//!   shard is reading it to decide whether to fire.
 //! * `REPEATING`: the timer is repeating (its resets go through the shard, see below).
 //! * `RUNNING`: a repeating timer's task is out running; the shard re-arms it afterwards.
-//! * `resets`: one-shot timers: a version, bumped by every finished reset, so that the shard's
-//!   compare-and-swap fails if a reset happened since it read the deadline. Repeating timers:
-//!   resets that succeeded but whose message the shard has not applied yet.
+//! * `resets`: one-shot timers: a version, bumped by every finished reset (informational).
+//!   Repeating timers: resets that succeeded but whose message the shard has not applied yet.
 //! * `handles`: live [`TimerHandle`](crate::TimerHandle)s; sticky once it reaches its maximum
 //!   (1023), so a timer with that many handle clones keeps its slot forever instead of wrapping.
 //!
@@ -34,29 +34,30 @@
 //!
 //! Beside the word sits the timer's deadline tick. The submitter writes it before publishing
 //! the slot; after that, a handle of a one-shot timer moves it with [`reset_lazy`]: take
-//! `RESETTING` (the timer must be PENDING), swap the deadline, then clear `RESETTING` and bump
-//! the version. No message is sent when the deadline moved later: the shard finds the entry at
-//! its old place in the wheel, reads the deadline, and stores it again further on. An earlier
-//! deadline also sends a `Relocate` message, so the shard moves the entry forward.
+//! `DEADLINE_LOCK` (a compare-and-swap that requires PENDING), swap the deadline, then release
+//! the lock (and bump the version). No message is sent when the deadline moved later: the
+//! shard finds the entry at its old place in the wheel, reads the deadline, and stores it again
+//! further on. An earlier deadline also sends a `Relocate` message, so the shard moves the
+//! entry forward.
 //!
-//! The shard fires a one-shot timer only after reading, in order, a word without `RESETTING`,
-//! then a deadline that is due, and then compare-and-swapping that same word to FIRED. A reset
-//! that began after the word was read changes it (RESETTING, then a new version), so the swap
-//! fails and the shard looks again; a reset that ended before is visible in the deadline (its
-//! version bump is a release that the word's acquire load synchronizes with). So a reset that
-//! returned true is never outrun by its timer firing at the old deadline. (The version has 18
-//! bits: the shard would have to stall between two of its instructions while 262,144 resets of
-//! the same timer run for the swap to succeed wrongly.)
+//! The shard decides to fire a one-shot timer under the same lock: it takes `DEADLINE_LOCK`
+//! (acquire: it sees the deadline of every reset that released the lock before), reads the
+//! deadline, and then, in one compare-and-swap, either fires (FIRED, lock released) or
+//! releases the lock and stores the entry again at the later deadline. A reset cannot start
+//! in between, so a reset that returned true is never outrun by its timer firing at the old
+//! deadline, and there is no ABA window. If a handle holds the lock when the shard comes, the
+//! shard looks again at the next tick (or waits, at the very last tick). Both hold the lock
+//! for a few instructions, and no user code runs under it.
 //!
 //! | from                      | event (by whom)                         | to                               |
 //! |---------------------------|-----------------------------------------|----------------------------------|
 //! | FREE                      | allocate + [`begin`] (submitter)        | PENDING, SHARD, 1 handle         |
 //! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message)|
-//! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | RESETTING, then version + 1      |
+//! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | DL_LOCK, then unlocked, version + 1 |
 //! | PENDING, repeating        | [`reset`] (any thread)                  | PENDING, resets + 1              |
 //! | any occupied, repeating   | [`reset_applied`] (shard)               | resets - 1                       |
-//! | PENDING, deadline due     | [`fire`] (shard)                        | FIRED, SHARD cleared             |
-//! | PENDING, RESETTING or deadline later | [`fire`] (shard)             | unchanged: stored again later    |
+//! | PENDING, one-shot, due    | [`fire`] (shard, under DL_LOCK)         | FIRED, SHARD cleared             |
+//! | PENDING, DL_LOCK held, or deadline later | [`fire`] (shard)        | unchanged: stored again later    |
 //! | PENDING, repeating, resets > 0 | [`fire`] (shard)                   | unchanged: the reset wins        |
 //! | PENDING, repeating        | [`fire`] (shard)                        | PENDING, RUNNING                 |
 //! | RUNNING                   | [`finish_run`] (shard)                  | PENDING (re-armed), or FIRED / SHARD cleared |
@@ -83,7 +84,7 @@ const PENDING: u64 = 1;
 const FIRED: u64 = 2;
 const CANCELLED: u64 = 3;
 const SHARD: u64 = 1 << 2;
-const RESETTING: u64 = 1 << 3;
+const DEADLINE_LOCK: u64 = 1 << 3;
 const REPEATING: u64 = 1 << 4;
 const RUNNING: u64 = 1 << 5;
 const RESET_SHIFT: u32 = 6;
@@ -336,15 +337,15 @@ impl SlotTable {
             if word & REPEATING != 0 {
                 return LazyReset::Repeating;
             }
-            if word & RESETTING != 0 {
-                // Another handle of this timer is resetting it: a few instructions away.
+            if word & DEADLINE_LOCK != 0 {
+                // Another handle, or the shard, holds the lock: a few instructions away.
                 thread::yield_now();
                 word = slot.state.load(Ordering::Acquire);
                 continue;
             }
             match slot.state.compare_exchange_weak(
                 word,
-                word | RESETTING,
+                word | DEADLINE_LOCK,
                 Ordering::Acquire,
                 Ordering::Acquire,
             ) {
@@ -353,13 +354,12 @@ impl SlotTable {
             }
         }
         let old = slot.deadline.swap(deadline, Ordering::Relaxed);
-        // Clear RESETTING and bump the version (wrapping inside its field). A cancel may
-        // change the lifecycle meanwhile; nothing else touches a RESETTING word's other bits
-        // but handle counts, so retry on those.
-        let mut word = word | RESETTING;
+        // Release the lock and bump the version (wrapping inside its field). A cancel may
+        // change the lifecycle meanwhile, and handles come and go: retry on those.
+        let mut word = word | DEADLINE_LOCK;
         loop {
             let version = (word + RESET_ONE) & RESET_MASK;
-            let new = word & !(RESETTING | RESET_MASK) | version;
+            let new = word & !(DEADLINE_LOCK | RESET_MASK) | version;
             match slot
                 .state
                 .compare_exchange_weak(word, new, Ordering::Release, Ordering::Relaxed)
@@ -511,13 +511,26 @@ impl SlotTable {
                     return FireOutcome::ResetInFlight;
                 }
             } else {
-                if word & RESETTING != 0 {
+                if word & DEADLINE_LOCK != 0 {
+                    if due == u64::MAX {
+                        // No later tick to look again at: wait out the handle's reset.
+                        thread::yield_now();
+                        word = slot.load(Ordering::Acquire);
+                        continue;
+                    }
                     return FireOutcome::Later(due + 1);
                 }
-                // Ordered after the word's acquire load: sees every reset that ended before.
-                let deadline = cell.deadline.load(Ordering::Relaxed);
-                if deadline > due {
-                    return FireOutcome::Later(deadline);
+                match slot.compare_exchange_weak(
+                    word,
+                    word | DEADLINE_LOCK,
+                    Ordering::Acquire,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => return self.decide_locked(index, word | DEADLINE_LOCK, due),
+                    Err(actual) => {
+                        word = actual;
+                        continue;
+                    }
                 }
             }
             debug_assert!(word & RUNNING == 0, "slot {index} fired while running");
@@ -533,6 +546,39 @@ impl SlotTable {
                         free: is_unreferenced(new),
                     };
                 }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// The rest of [`fire`](Self::fire) for a one-shot timer whose deadline lock the shard
+    /// holds (`word` is the word it locked): fire, or unlock and look again later.
+    fn decide_locked(&self, index: u32, mut word: u64, due: u64) -> FireOutcome {
+        let cell = self.slot(index);
+        // Under the lock, after its acquire: every reset that unlocked before is visible, and
+        // none can start until we unlock.
+        let deadline = cell.deadline.load(Ordering::Relaxed);
+        loop {
+            let (new, outcome) = if lifecycle_of(word) != PENDING {
+                // Cancelled while we held the lock: its message will release the entry.
+                (word & !DEADLINE_LOCK, FireOutcome::Cancelled)
+            } else if deadline > due {
+                (word & !DEADLINE_LOCK, FireOutcome::Later(deadline))
+            } else {
+                let fired = word & !(LIFECYCLE_MASK | SHARD | DEADLINE_LOCK) | FIRED;
+                (
+                    fired,
+                    FireOutcome::Fire {
+                        free: is_unreferenced(fired),
+                    },
+                )
+            };
+            match cell
+                .state
+                .compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return outcome,
+                // A cancel, or a handle coming or going; the lock is still ours.
                 Err(actual) => word = actual,
             }
         }

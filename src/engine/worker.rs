@@ -39,6 +39,12 @@ pub(crate) fn home_ordinal() -> usize {
     })
 }
 
+/// A small number that differs between threads, for striped counters: the home ordinal if
+/// the thread has one (without giving it one, which would pick its home shard).
+pub(crate) fn counter_stripe() -> usize {
+    HOME.with(Cell::get)
+}
+
 /// Takes the core of `shard` if this thread is its worker and is running user code.
 pub(crate) fn take_parked_core(shard: &Arc<ShardShared>) -> Option<ShardCore> {
     PARKED_CORE.with(|parked| {

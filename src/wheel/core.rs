@@ -174,7 +174,8 @@ pub(crate) struct WheelCore {
     /// Far levels in use (`1..=MAX_LEVELS`; level 0 is the near ring).
     levels: usize,
     heads: Box<[u32; LIST_COUNT]>,
-    /// The near ring: slot `t % NEAR_SLOTS` holds the indices of the entries due at tick `t`,
+    /// The near ring: slot `t % NEAR_SLOTS` holds the indices of the entries placed at tick `t`
+    /// (due then, or later if their deadline moved in place),
     /// as an array (each entry's `prev` is its position), so that expiry reads indices in order
     /// and can fetch the entries ahead of use instead of chasing one link at a time.
     near: Box<[Vec<u32>]>,
@@ -529,7 +530,10 @@ impl WheelCore {
                 };
                 match later {
                     None => fired += 1,
-                    Some(tick) => self.link(store, index, tick.max(due + 1)),
+                    Some(tick) => {
+                        debug_assert!(due < u64::MAX, "entry {index} sent back at the last tick");
+                        self.link(store, index, tick.max(due.saturating_add(1)));
+                    }
                 }
             }
             self.len -= fired;
@@ -620,6 +624,18 @@ impl WheelCore {
                     self.far_elapsed = target;
                     return;
                 }
+            }
+        }
+    }
+
+    /// Gives back the near ring's spare room (its arrays keep their largest size otherwise,
+    /// a few megabytes after a storm). Call when idle; the next entries grow them again.
+    pub(crate) fn release_memory(&mut self) {
+        for slot in self.near.iter_mut() {
+            if slot.is_empty() {
+                *slot = Vec::new();
+            } else {
+                slot.shrink_to_fit();
             }
         }
     }
