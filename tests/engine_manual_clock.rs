@@ -320,3 +320,81 @@ fn a_simulated_year_across_all_levels() {
         wall.elapsed()
     );
 }
+
+/// Resets of many timers, later (in place, no message) and earlier (relocated), across the
+/// wheel's cascades: every timer runs once, at the first clock step that reaches the deadline
+/// of its last successful reset (never before it); and the counters add up.
+#[test]
+fn lazy_and_relocating_resets_fire_at_the_last_deadline() {
+    let (clock, timer) = manual(2, Duration::from_millis(1));
+    let start = clock.now();
+    let count = 3_000usize;
+    let fired_at: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
+    let mut rng = Rng::new(11);
+    // Per timer: (deadline, set at) in ms after start.
+    let mut expected = vec![(0u64, 0u64); count];
+    let mut handles = Vec::with_capacity(count);
+    for (id, due) in expected.iter_mut().enumerate() {
+        due.0 = 1 + rng.below(5_000);
+        let (fired_at, clock_in_task) = (fired_at.clone(), clock.clone());
+        let handle = timer
+            .schedule(Duration::from_millis(due.0), move || {
+                let now = clock_in_task.now().duration_since(start).as_millis() as u64;
+                assert_eq!(
+                    fired_at[id].swap(now, Ordering::SeqCst),
+                    0,
+                    "timer {id} ran twice"
+                );
+            })
+            .unwrap();
+        handles.push(handle);
+    }
+    let mut stops = Vec::new();
+    let mut resets = 0u64;
+    let mut now = 0u64;
+    while now < 12_000 {
+        let step = 1 + rng.below(150);
+        clock.advance(Duration::from_millis(step));
+        now += step;
+        stops.push(now);
+        for _ in 0..200 {
+            let id = rng.below(count as u64) as usize;
+            // Mostly later (an idle timeout pushed back), sometimes earlier.
+            let delay = if rng.below(4) == 0 {
+                rng.below(40)
+            } else {
+                500 + rng.below(3_000)
+            };
+            let pending = fired_at[id].load(Ordering::SeqCst) == 0;
+            let accepted = handles[id].reset(Duration::from_millis(delay));
+            assert_eq!(
+                accepted, pending,
+                "timer {id} at {now} ms: reset said {accepted}"
+            );
+            if accepted {
+                expected[id] = (now + delay, now);
+                resets += 1;
+            }
+        }
+    }
+    clock.advance(Duration::from_secs(10));
+    stops.push(now + 10_000);
+    for (id, &(due, set_at)) in expected.iter().enumerate() {
+        let fired = fired_at[id].load(Ordering::SeqCst);
+        // The first step after the deadline was set that reaches it (a deadline of "now"
+        // fires at the next step).
+        let first = stops
+            .iter()
+            .copied()
+            .find(|&stop| stop >= due && stop > set_at)
+            .expect("a last step reaches every deadline");
+        assert_eq!(
+            fired, first,
+            "timer {id} due at {due} ms (set at {set_at} ms) ran at {fired} ms"
+        );
+    }
+    let stats = timer.stats();
+    assert_eq!(stats.fired, count as u64);
+    assert_eq!(stats.reset, resets);
+    assert_eq!(stats.pending, 0);
+}
