@@ -14,6 +14,8 @@ thread_local! {
     static PARKED_CORE: RefCell<Option<ShardCore>> = const { RefCell::new(None) };
     /// This thread's home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
     static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
+    /// This thread's stripe of striped counters; `usize::MAX` = unset.
+    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
 // Loom's thread-locals take no `const` initializers.
@@ -21,6 +23,7 @@ thread_local! {
 thread_local! {
     static PARKED_CORE: RefCell<Option<ShardCore>> = RefCell::new(None);
     static HOME: Cell<usize> = Cell::new(usize::MAX);
+    static STRIPE: Cell<usize> = Cell::new(usize::MAX);
 }
 
 /// The ordinal this thread submits to (modulo the shard count): worker threads use their own
@@ -39,10 +42,20 @@ pub(crate) fn home_ordinal() -> usize {
     })
 }
 
-/// A small number that differs between threads, for striped counters: the home ordinal if
-/// the thread has one (without giving it one, which would pick its home shard).
+/// A number that differs between threads, for striped counters. Not the home ordinal: taking
+/// one would pick a home shard for a thread that only resets timers.
 pub(crate) fn counter_stripe() -> usize {
-    HOME.with(Cell::get)
+    STRIPE.with(|stripe| {
+        let value = stripe.get();
+        if value != usize::MAX {
+            return value;
+        }
+        static NEXT: crate::sync::statistics::AtomicUsize =
+            crate::sync::statistics::AtomicUsize::new(0);
+        let value = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        stripe.set(value);
+        value
+    })
 }
 
 /// Takes the core of `shard` if this thread is its worker and is running user code.
