@@ -3,12 +3,17 @@
 //! of its own it holds no tests.
 #![allow(dead_code)]
 
+#[path = "common_support.rs"]
+mod common;
+#[allow(unused_imports)] // Not every test that includes this file uses both.
+pub use common::{quiet_intentional_panics, wait_until};
+
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// A waker that counts how often it was woken.
 #[derive(Debug, Default)]
@@ -48,21 +53,6 @@ pub fn poll_once<F: Future + Unpin>(future: &mut F, waker: &Waker) -> Poll<F::Ou
 /// Polls an `Unpin` future once with a waker that does nothing.
 pub fn poll_noop<F: Future + Unpin>(future: &mut F) -> Poll<F::Output> {
     poll_once(future, Waker::noop())
-}
-
-/// Polls `condition` every half millisecond until it holds or `timeout` passes; returns
-/// whether it held.
-pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if condition() {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return condition();
-        }
-        std::thread::sleep(Duration::from_micros(500));
-    }
 }
 
 /// A list of instants that tasks on other threads append to.
@@ -132,24 +122,4 @@ impl Rng {
     pub fn between(&mut self, low: u64, high: u64) -> u64 {
         low + self.next_u64() % (high - low + 1)
     }
-}
-
-/// Installs (once per process) a panic hook that keeps quiet about panics whose message
-/// contains "on purpose", and reports every other panic as usual.
-pub fn quiet_intentional_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-                .unwrap_or("");
-            if !message.contains("on purpose") {
-                default(info);
-            }
-        }));
-    });
 }

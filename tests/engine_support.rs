@@ -3,9 +3,14 @@
 //! tests.
 #![allow(dead_code)]
 
+#[path = "common_support.rs"]
+mod common;
+#[allow(unused_imports)] // Not every test that includes this file uses both.
+pub use common::{quiet_intentional_panics, wait_until};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Counts its own drops: put one in a task to see whether the task was dropped (run or not).
 pub struct DropCounter(pub Arc<AtomicUsize>);
@@ -24,21 +29,6 @@ pub fn counter() -> Arc<AtomicUsize> {
 /// Reads a shared counter.
 pub fn get(counter: &AtomicUsize) -> usize {
     counter.load(Ordering::SeqCst)
-}
-
-/// Polls `condition` every half millisecond until it holds or `timeout` passes; returns
-/// whether it held.
-pub fn wait_until(timeout: Duration, mut condition: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    loop {
-        if condition() {
-            return true;
-        }
-        if start.elapsed() > timeout {
-            return condition();
-        }
-        std::thread::sleep(Duration::from_micros(500));
-    }
 }
 
 /// Threads of this process whose name (`comm`, truncated to 15 bytes by Linux) starts with
@@ -100,24 +90,4 @@ impl Rng {
     pub fn below(&mut self, bound: u64) -> u64 {
         self.next_u64() % bound
     }
-}
-
-/// Installs (once per process) a panic hook that keeps quiet about panics whose message
-/// contains "on purpose", and reports every other panic as usual.
-pub fn quiet_intentional_panics() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let default = std::panic::take_hook();
-        std::panic::set_hook(Box::new(move |info| {
-            let payload = info.payload();
-            let message = payload
-                .downcast_ref::<&str>()
-                .copied()
-                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-                .unwrap_or("");
-            if !message.contains("on purpose") {
-                default(info);
-            }
-        }));
-    });
 }

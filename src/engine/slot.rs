@@ -25,8 +25,8 @@
 //!   shard is reading it to decide whether to fire.
 //! * `REPEATING`: the timer is repeating (its resets go through the shard, see below).
 //! * `RUNNING`: a repeating timer's task is out running; the shard re-arms it afterwards.
-//! * `resets`: one-shot timers: a version, bumped by every finished reset (informational).
-//!   Repeating timers: resets that succeeded but whose message the shard has not applied yet.
+//! * `resets`: repeating timers only: resets that succeeded but whose message the shard has
+//!   not applied yet.
 //! * `handles`: live [`TimerHandle`](crate::TimerHandle)s; sticky once it reaches its maximum
 //!   (1023), so a timer with that many handle clones keeps its slot forever instead of wrapping.
 //!
@@ -35,7 +35,7 @@
 //! Beside the word sits the timer's deadline tick. The submitter writes it before publishing
 //! the slot; after that, a handle of a one-shot timer moves it with [`reset_lazy`]: take
 //! `DEADLINE_LOCK` (a compare-and-swap that requires PENDING), swap the deadline, then release
-//! the lock (and bump the version). No message is sent when the deadline moved later: the
+//! the lock. No message is sent when the deadline moved later: the
 //! shard finds the entry at its old place in the wheel, reads the deadline, and stores it again
 //! further on. An earlier deadline also sends a `Relocate` message, so the shard moves the
 //! entry forward.
@@ -53,7 +53,7 @@
 //! |---------------------------|-----------------------------------------|----------------------------------|
 //! | FREE                      | allocate + [`begin`] (submitter)        | PENDING, SHARD, 1 handle         |
 //! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message)|
-//! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | DL_LOCK, then unlocked, version + 1 |
+//! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | DL_LOCK, then unlocked                |
 //! | PENDING, repeating        | [`reset`] (any thread)                  | PENDING, resets + 1              |
 //! | any occupied, repeating   | [`reset_applied`] (shard)               | resets - 1                       |
 //! | PENDING, one-shot, due    | [`fire`] (shard, under DL_LOCK)         | FIRED, SHARD cleared             |
@@ -354,20 +354,8 @@ impl SlotTable {
             }
         }
         let old = slot.deadline.swap(deadline, Ordering::Relaxed);
-        // Release the lock and bump the version (wrapping inside its field). A cancel may
-        // change the lifecycle meanwhile, and handles come and go: retry on those.
-        let mut word = word | DEADLINE_LOCK;
-        loop {
-            let version = (word + RESET_ONE) & RESET_MASK;
-            let new = word & !(DEADLINE_LOCK | RESET_MASK) | version;
-            match slot
-                .state
-                .compare_exchange_weak(word, new, Ordering::Release, Ordering::Relaxed)
-            {
-                Ok(_) => break,
-                Err(actual) => word = actual,
-            }
-        }
+        // Release: whoever takes the lock next (the shard deciding to fire) sees the deadline.
+        slot.state.fetch_and(!DEADLINE_LOCK, Ordering::Release);
         LazyReset::Done {
             earlier: deadline < old,
         }

@@ -29,33 +29,28 @@ thread_local! {
 /// The ordinal this thread submits to (modulo the shard count): worker threads use their own
 /// shard, other threads are spread round-robin in the order they first schedule.
 pub(crate) fn home_ordinal() -> usize {
-    HOME.with(|home| {
-        let ordinal = home.get();
-        if ordinal != usize::MAX {
-            return ordinal;
-        }
-        static NEXT: crate::sync::statistics::AtomicUsize =
-            crate::sync::statistics::AtomicUsize::new(0);
-        let ordinal = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        home.set(ordinal);
-        ordinal
-    })
+    static NEXT: crate::sync::statistics::AtomicUsize =
+        crate::sync::statistics::AtomicUsize::new(0);
+    HOME.with(|home| numbered(home, &NEXT))
+}
+
+/// The number in `cell`, or, the first time (`usize::MAX`), the next one of `next`.
+fn numbered(cell: &Cell<usize>, next: &crate::sync::statistics::AtomicUsize) -> usize {
+    let value = cell.get();
+    if value != usize::MAX {
+        return value;
+    }
+    let value = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    cell.set(value);
+    value
 }
 
 /// A number that differs between threads, for striped counters. Not the home ordinal: taking
 /// one would pick a home shard for a thread that only resets timers.
 pub(crate) fn counter_stripe() -> usize {
-    STRIPE.with(|stripe| {
-        let value = stripe.get();
-        if value != usize::MAX {
-            return value;
-        }
-        static NEXT: crate::sync::statistics::AtomicUsize =
-            crate::sync::statistics::AtomicUsize::new(0);
-        let value = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        stripe.set(value);
-        value
-    })
+    static NEXT: crate::sync::statistics::AtomicUsize =
+        crate::sync::statistics::AtomicUsize::new(0);
+    STRIPE.with(|stripe| numbered(stripe, &NEXT))
 }
 
 /// Takes the core of `shard` if this thread is its worker and is running user code.
@@ -127,14 +122,14 @@ pub(crate) fn run(
         }
         // Housekeeping after the hand-off, so that expired tasks never wait for it.
         core.cascade_ahead();
-        core.release_idle_memory(clock.now_tick());
+        let now = clock.now_tick();
+        core.release_idle_memory(now);
         if shared.inbox.is_closed() {
             return Some(core);
         }
         if drained == DRAIN_BATCH {
             continue;
         }
-        let now = clock.now_tick();
         let next = core.next_work().unwrap_or(u64::MAX);
         if next <= now {
             continue;
