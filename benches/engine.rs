@@ -896,49 +896,75 @@ fn report<E: Engine>(id: &str, engine: E, states: Vec<Submitter<E::Pending>>, ex
 // ---------------------------------------------------------------------------------------------
 // Benchmarks
 
-fn bench_churn<E: Engine>(
+/// Benchmarks `work(engine, submitter, count)` on `threads` submitters, each holding a pool of
+/// timers that `setup` makes, and reports the tallies under `kind/name/threads`.
+fn bench_submitters<E: Engine>(
     group: &mut BenchmarkGroup<'_, WallTime>,
+    kind: &str,
     name: &str,
     threads: usize,
     build: impl Fn() -> E,
+    setup: impl Fn(&E, usize) -> Vec<Submitter<E::Pending>>,
+    work: impl Fn(&E, &mut Submitter<E::Pending>, u64) + Sync,
 ) {
     // Built on first use only, so that filtered-out benchmarks cost nothing.
     let mut state: Option<(E, Vec<Submitter<E::Pending>>)> = None;
     group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &threads| {
         let (engine, states) = state.get_or_insert_with(|| {
             let engine = build();
-            let states = submitters(&engine, threads, CHURN_POOL, |rng| {
-                rng.between(CHURN_MIN, CHURN_MAX)
-            });
+            let states = setup(&engine, threads);
             (engine, states)
         });
         let engine = &*engine;
         b.iter_custom(|iters| {
             let (start, end) = run_parallel(engine, states, iters, |state, count, _| {
-                for _ in 0..count {
-                    let oldest = state.pool.pop_front().expect("empty pool");
-                    if engine.cancel(oldest) {
-                        state.did.cancelled += 1;
-                    } else {
-                        state.did.failed += 1;
-                    }
-                    let delay = state.rng.between(CHURN_MIN, CHURN_MAX);
-                    state.pool.push_back(engine.schedule(delay, state.next_id));
-                    state.next_id += 1;
-                }
-                state.did.scheduled += count;
+                work(engine, state, count)
             });
             engine.settle().map_or(end, |settled| settled.max(end)) - start
         });
     });
     if let Some((engine, states)) = state {
         report(
-            &format!("churn/{name}/{threads}"),
+            &format!("{kind}/{name}/{threads}"),
             engine,
             states,
             Tally::default(),
         );
     }
+}
+
+fn bench_churn<E: Engine>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    threads: usize,
+    build: impl Fn() -> E,
+) {
+    bench_submitters(
+        group,
+        "churn",
+        name,
+        threads,
+        build,
+        |engine, threads| {
+            submitters(engine, threads, CHURN_POOL, |rng| {
+                rng.between(CHURN_MIN, CHURN_MAX)
+            })
+        },
+        |engine, state, count| {
+            for _ in 0..count {
+                let oldest = state.pool.pop_front().expect("empty pool");
+                if engine.cancel(oldest) {
+                    state.did.cancelled += 1;
+                } else {
+                    state.did.failed += 1;
+                }
+                let delay = state.rng.between(CHURN_MIN, CHURN_MAX);
+                state.pool.push_back(engine.schedule(delay, state.next_id));
+                state.next_id += 1;
+            }
+            state.did.scheduled += count;
+        },
+    );
 }
 
 fn bench_reset<E: Engine>(
@@ -947,40 +973,31 @@ fn bench_reset<E: Engine>(
     threads: usize,
     build: impl Fn() -> E,
 ) {
-    let mut state: Option<(E, Vec<Submitter<E::Pending>>)> = None;
-    group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &threads| {
-        let (engine, states) = state.get_or_insert_with(|| {
-            let engine = build();
-            let mut states = submitters(&engine, threads, RESET_POOL, |_| RESET_DELAY);
+    bench_submitters(
+        group,
+        "reset",
+        name,
+        threads,
+        build,
+        |engine, threads| {
+            let mut states = submitters(engine, threads, RESET_POOL, |_| RESET_DELAY);
             for state in &mut states {
                 state.pool.make_contiguous();
             }
-            (engine, states)
-        });
-        let engine = &*engine;
-        b.iter_custom(|iters| {
-            let (start, end) = run_parallel(engine, states, iters, |state, count, _| {
-                let pool = state.pool.as_mut_slices().0;
-                for _ in 0..count {
-                    let timer = &mut pool[state.rng.index(pool.len())];
-                    if engine.reset(timer, RESET_DELAY) {
-                        state.did.reset += 1;
-                    } else {
-                        state.did.failed += 1;
-                    }
+            states
+        },
+        |engine, state, count| {
+            let pool = state.pool.as_mut_slices().0;
+            for _ in 0..count {
+                let timer = &mut pool[state.rng.index(pool.len())];
+                if engine.reset(timer, RESET_DELAY) {
+                    state.did.reset += 1;
+                } else {
+                    state.did.failed += 1;
                 }
-            });
-            engine.settle().map_or(end, |settled| settled.max(end)) - start
-        });
-    });
-    if let Some((engine, states)) = state {
-        report(
-            &format!("reset/{name}/{threads}"),
-            engine,
-            states,
-            Tally::default(),
-        );
-    }
+            }
+        },
+    );
 }
 
 fn bench_storm<E: Engine>(

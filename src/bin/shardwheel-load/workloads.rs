@@ -58,34 +58,21 @@ pub(crate) fn run<S: System>(
     let fires_before = plain_fires();
     let mut segment = 0;
     for &threads in &config.threads {
-        match workload {
-            Workload::Churn => {
-                bar.segment(segment);
-                churn::<S>(config, threads, report, bar);
-                segment += 1;
+        // One segment per run: memory runs once per size, the others once.
+        let sizes: &[usize] = match workload {
+            Workload::Memory => &config.memory_timers,
+            _ => &[0],
+        };
+        for &n in sizes {
+            bar.segment(segment);
+            match workload {
+                Workload::Churn => churn::<S>(config, threads, report, bar),
+                Workload::Storm => storm::<S>(config, threads, report, bar),
+                Workload::Memory => memory_in_child::<S>(config, n, threads, report, bar),
+                Workload::Idle => idle::<S>(config, threads, report, bar),
+                Workload::Reset => reset::<S>(config, threads, report, bar),
             }
-            Workload::Storm => {
-                bar.segment(segment);
-                storm::<S>(config, threads, report, bar);
-                segment += 1;
-            }
-            Workload::Memory => {
-                for &n in &config.memory_timers {
-                    bar.segment(segment);
-                    memory_in_child::<S>(config, n, threads, report, bar);
-                    segment += 1;
-                }
-            }
-            Workload::Idle => {
-                bar.segment(segment);
-                idle::<S>(config, threads, report, bar);
-                segment += 1;
-            }
-            Workload::Reset => {
-                bar.segment(segment);
-                reset::<S>(config, threads, report, bar);
-                segment += 1;
-            }
+            segment += 1;
         }
         // Hand the garbage of this run back to the OS now (glibc consolidates its free
         // lists here), so that the next run does not pay for it: millions of freed small
