@@ -125,17 +125,32 @@ pub(crate) struct TickClock {
     clock: Clock,
     origin: Instant,
     tick_nanos: u64,
+    /// For the system clock: `origin` in nanoseconds since the cycle clock's origin, so that
+    /// [`tick_after`](Self::tick_after) can read the cheap cycle clock.
+    cycle_offset: Option<u64>,
 }
 
 impl TickClock {
     pub(crate) fn new(clock: Clock, tick: Duration) -> TickClock {
         let tick_nanos = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
+        // The cycle clock's origin is taken first, so it is never after `origin`.
+        let cycle_origin = crate::cycle_clock::origin();
         let origin = clock.now();
+        let cycle_offset = (!clock.is_manual()).then(|| {
+            u64::try_from(origin.saturating_duration_since(cycle_origin).as_nanos())
+                .unwrap_or(u64::MAX)
+        });
         TickClock {
             clock,
             origin,
             tick_nanos,
+            cycle_offset,
         }
+    }
+
+    /// Whether [`tick_after`](Self::tick_after) reads the cycle clock.
+    pub(crate) fn reads_cycle_clock(&self) -> bool {
+        self.cycle_offset.is_some() && crate::cycle_clock::in_use()
     }
 
     pub(crate) fn clock(&self) -> &Clock {
@@ -172,7 +187,22 @@ impl TickClock {
     }
 
     /// The deadline tick `delay` from now (`u64::MAX` if that is beyond representable time).
+    ///
+    /// On the system clock this reads the cycle clock where it is sound (see
+    /// [`cycle_clock`](crate::cycle_clock)) and adds its margin: never early, at most
+    /// [`MARGIN_NANOS`](crate::cycle_clock::MARGIN_NANOS) later than the precise reading would
+    /// give, and it does not stall the CPU the way `Instant::now()` does.
+    #[inline]
     pub(crate) fn tick_after(&self, delay: Duration) -> u64 {
+        if let Some(offset) = self.cycle_offset
+            && let Some(nanos) = crate::cycle_clock::now_nanos()
+        {
+            return nanos
+                .saturating_sub(offset)
+                .checked_add(crate::cycle_clock::MARGIN_NANOS)
+                .and_then(|nanos| nanos.checked_add(u64::try_from(delay.as_nanos()).ok()?))
+                .map_or(u64::MAX, |deadline| deadline.div_ceil(self.tick_nanos));
+        }
         match self.clock.now().checked_add(delay) {
             Some(deadline) => self.tick_at(deadline),
             None => u64::MAX,

@@ -14,23 +14,28 @@
 //! 3. **Cancel** (any thread). A compare-and-swap PENDING -> CANCELLED decides, on the
 //!    spot, that the task will never run; a `Cancel` message then tells the shard to unlink the
 //!    entry and drop the task at its next turn.
-//! 4. **Reset** (any thread). One-shot timers are reset in place: the handle marks the state
-//!    word RESETTING (a compare-and-swap that requires PENDING), swaps the deadline beside it,
-//!    then clears the mark and bumps the word's version. A later deadline needs nothing more:
-//!    the entry stays where it is, and when the shard reaches it, it reads the deadline and
-//!    stores the entry again further on (idle-connection timeouts pushed back on every request
-//!    cost no message and no work in the shard until their old deadline). An earlier deadline
-//!    also sends a `Relocate` message so the shard moves the entry forward. Repeating timers
-//!    keep the message path (their task must learn of the new schedule): the compare-and-swap
-//!    counts a reset in flight and a `Reset` message carries the deadline; the shard sets such
-//!    a timer aside at its old deadline until the message arrives.
-//! 5. **Fire** (owner). When the wheel hands out an entry, the shard reads the state word
-//!    (acquire), then the deadline; if the word is not RESETTING and the deadline is due, a
-//!    compare-and-swap of that same word to FIRED fires it (any reset since the read changed
-//!    the word, so the swap fails and the shard looks again). Otherwise the entry goes back in
-//!    the wheel at its new deadline (or the next tick, while a reset is under way). So a reset
-//!    that returned true always moves the deadline, and nothing fires early. The task goes into
-//!    the turn's batch; batches of 128 go to the executor while the shard collects the rest.
+//! 4. **Reset** (any thread). One-shot timers are reset in place: the handle checks that the
+//!    state word is PENDING, swaps the deadline beside it (its one locked instruction), and
+//!    reads the word again (see 5). A later deadline needs nothing more: the entry stays where
+//!    it is, and when the shard reaches it, it reads the deadline and stores the entry again
+//!    further on (idle-connection timeouts pushed back on every request cost no message and no
+//!    work in the shard until their old deadline). An earlier deadline also sends a `Relocate`
+//!    message so the shard moves the entry forward. The deadline is `delay` after a reading of
+//!    the processor's cycle counter (`cycle_clock`, where sound) plus a 50 µs margin: the ordered
+//!    `Instant::now()` would wait for the reset's cache misses and stop consecutive resets from
+//!    overlapping them. Repeating timers keep the message path (their task must learn of the
+//!    new schedule): the compare-and-swap counts a reset in flight and a `Reset` message carries
+//!    the deadline; the shard sets such a timer aside at its old deadline until the message
+//!    arrives.
+//! 5. **Fire** (owner). When the wheel hands out an entry, the shard locks the state word
+//!    (`DEADLINE_LOCK`, which only the shard takes), then reads the deadline: if it is due, a
+//!    compare-and-swap of the word to FIRED fires it; otherwise the entry goes back in the wheel
+//!    at its new deadline. A fence stands between the lock and the read, and between a reset's
+//!    swap and its second read of the word (Dekker): either the shard sees the new deadline, or
+//!    the reset sees the lock, waits for the decision, and returns false if the timer fired. So
+//!    a reset that returned true always moves the deadline, and nothing fires early. The task
+//!    goes into the turn's batch; batches of 128 go to the executor while the shard collects
+//!    the rest.
 //! 6. **Free.** When the timer is FIRED or CANCELLED, the shard has let go of it and no handle
 //!    is left, whoever made that last change pushes the slot back on the free list with the
 //!    next generation.

@@ -22,6 +22,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod clock;
+mod cycle_clock;
 pub mod design;
 mod engine;
 mod error;

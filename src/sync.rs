@@ -84,6 +84,22 @@ impl<T> Queue<T> {
     }
 }
 
+/// Makes a read-modify-write just before it act as a sequentially consistent fence, so that a
+/// load after it cannot be ordered before it (the store-load ordering of Dekker's protocol).
+///
+/// On x86 every read-modify-write is a locked instruction, which already is a full fence, so
+/// only the compiler is held back (crossbeam-epoch relies on the same fact); elsewhere, and under
+/// loom (which models `fence(SeqCst)` but not the hardware), this is `fence(SeqCst)`.
+#[inline]
+pub(crate) fn fence_after_read_modify_write() {
+    #[cfg(all(any(target_arch = "x86", target_arch = "x86_64"), not(loom)))]
+    std::sync::atomic::compiler_fence(Ordering::SeqCst);
+    #[cfg(all(not(any(target_arch = "x86", target_arch = "x86_64")), not(loom)))]
+    std::sync::atomic::fence(Ordering::SeqCst);
+    #[cfg(loom)]
+    loom::sync::atomic::fence(Ordering::SeqCst);
+}
+
 /// Locks a mutex, recovering the data if a panicking thread poisoned it (the engine never
 /// panics while holding one, but user code must not be able to wedge it).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -135,6 +135,57 @@ fn never_early_with_sub_tick_delays() {
     assert_eq!(get(&early), 0, "tasks ran before their deadline");
 }
 
+/// Resets with odd sub-tick delays, made after the cycle clock's calibration (where the machine
+/// has one, `reset(delay)` reads it): no timer runs before `Instant` taken before its last
+/// successful reset plus that reset's delay, and every timer runs.
+#[test]
+fn never_early_after_sub_tick_resets() {
+    let _serial = serial();
+    let timer = one_ms_timer();
+    std::thread::sleep(Duration::from_millis(30));
+    let mut rng = Rng::new(11);
+    let early = Arc::new(AtomicUsize::new(0));
+    let ran = counter();
+    let mut total = 0;
+    for _round in 0..10 {
+        for _ in 0..100 {
+            // The task reads the earliest instant it may run at, written before each reset.
+            let earliest = Arc::new(Mutex::new(Instant::now() + Duration::from_secs(60)));
+            let task_earliest = earliest.clone();
+            let (early, ran) = (early.clone(), ran.clone());
+            let handle = timer
+                .schedule(Duration::from_secs(60), move || {
+                    if Instant::now() < *task_earliest.lock().unwrap() {
+                        early.fetch_add(1, Ordering::SeqCst);
+                    }
+                    ran.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+            for _ in 0..3 {
+                let delay = Duration::from_micros(rng.below(3000));
+                // Held across the reset: a task that fires meanwhile reads the right bound.
+                let mut guard = earliest.lock().unwrap();
+                let previous = *guard;
+                *guard = Instant::now() + delay;
+                if !handle.reset(delay) {
+                    // Already fired: it was held to the previous deadline.
+                    *guard = previous;
+                    break;
+                }
+                drop(guard);
+            }
+            total += 1;
+        }
+        std::thread::sleep(Duration::from_micros(rng.below(2000)));
+    }
+    assert!(
+        wait_until(Duration::from_secs(5), || get(&ran) == total),
+        "only {} of {total} ran",
+        get(&ran)
+    );
+    assert_eq!(get(&early), 0, "tasks ran before their reset deadline");
+}
+
 /// `schedule_at` with an instant in the past (also before the engine started) runs at once.
 #[test]
 fn schedule_at_in_the_past_fires_promptly() {

@@ -21,8 +21,8 @@
 //!
 //! * `lifecycle`: FREE, PENDING, FIRED (handed to run), CANCELLED.
 //! * `SHARD`: the owning shard still holds the slot's private entry (task or links).
-//! * `DL_LOCK` (`DEADLINE_LOCK`): one-shot timers: a handle is writing a new deadline, or the
-//!   shard is reading it to decide whether to fire.
+//! * `DL_LOCK` (`DEADLINE_LOCK`): one-shot timers: the shard is reading the deadline to decide
+//!   whether to fire (only the shard takes it).
 //! * `REPEATING`: the timer is repeating (its resets go through the shard, see below).
 //! * `RUNNING`: a repeating timer's task is out running; the shard re-arms it afterwards.
 //! * `resets`: repeating timers only: resets that succeeded but whose message the shard has
@@ -33,31 +33,32 @@
 //! # The deadline, and lazy resets
 //!
 //! Beside the word sits the timer's deadline tick. The submitter writes it before publishing
-//! the slot; after that, a handle of a one-shot timer moves it with [`reset_lazy`]: take
-//! `DEADLINE_LOCK` (a compare-and-swap that requires PENDING), swap the deadline, then release
-//! the lock. No message is sent when the deadline moved later: the
-//! shard finds the entry at its old place in the wheel, reads the deadline, and stores it again
-//! further on. An earlier deadline also sends a `Relocate` message, so the shard moves the
-//! entry forward.
+//! the slot; after that, a handle of a one-shot timer moves it with [`reset_lazy`]: check that
+//! the word is PENDING and one-shot, swap the deadline (the reset's one locked instruction),
+//! then read the word again. No message is sent when the deadline moved later: the shard finds
+//! the entry at its old place in the wheel, reads the deadline, and stores it again further on.
+//! An earlier deadline also sends a `Relocate` message, so the shard moves the entry forward.
+//! The swap orders concurrent resets of one timer, so whoever moves the deadline earlier knows.
 //!
-//! The shard decides to fire a one-shot timer under the same lock: it takes `DEADLINE_LOCK`
-//! (acquire: it sees the deadline of every reset that released the lock before), reads the
-//! deadline, and then, in one compare-and-swap, either fires (FIRED, lock released) or
-//! releases the lock and stores the entry again at the later deadline. A reset cannot start
-//! in between, so a reset that returned true is never outrun by its timer firing at the old
-//! deadline, and there is no ABA window. If a handle holds the lock when the shard comes, the
-//! shard looks again at the next tick (or waits, at the very last tick). Both hold the lock
-//! for a few instructions, and no user code runs under it.
+//! The shard decides to fire a one-shot timer under `DEADLINE_LOCK`, which only the shard
+//! takes: it locks the word, reads the deadline, and then, in one compare-and-swap, either fires
+//! (FIRED, lock released) or releases the lock and stores the entry again at the later deadline.
+//! Between the shard's lock and its read, and between a handle's swap and its second read of
+//! the word, stands a sequentially consistent fence (Dekker's protocol): either the shard reads
+//! the handle's deadline, or the handle sees the lock (and waits the few instructions until the
+//! decision) or the decision itself. A reset whose second read finds the timer FIRED returns
+//! false; so a reset that returned true is never outrun by its timer firing at the old deadline.
+//! The shard never waits for a handle, and no user code runs under the lock.
 //!
 //! | from                      | event (by whom)                         | to                               |
 //! |---------------------------|-----------------------------------------|----------------------------------|
 //! | FREE                      | allocate + [`begin`] (submitter)        | PENDING, SHARD, 1 handle         |
 //! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message)|
-//! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | DL_LOCK, then unlocked                |
+//! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | unchanged (deadline swapped)     |
 //! | PENDING, repeating        | [`reset`] (any thread)                  | PENDING, resets + 1              |
 //! | any occupied, repeating   | [`reset_applied`] (shard)               | resets - 1                       |
 //! | PENDING, one-shot, due    | [`fire`] (shard, under DL_LOCK)         | FIRED, SHARD cleared             |
-//! | PENDING, DL_LOCK held, or deadline later | [`fire`] (shard)        | unchanged: stored again later    |
+//! | PENDING, one-shot, deadline later | [`fire`] (shard, under DL_LOCK) | unchanged: stored again later   |
 //! | PENDING, repeating, resets > 0 | [`fire`] (shard)                   | unchanged: the reset wins        |
 //! | PENDING, repeating        | [`fire`] (shard)                        | PENDING, RUNNING                 |
 //! | RUNNING                   | [`finish_run`] (shard)                  | PENDING (re-armed), or FIRED / SHARD cleared |
@@ -65,8 +66,9 @@
 //! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list |
 //!
 //! Every transition is one compare-and-swap or read-modify-write of the word, so exactly one
-//! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot. A
-//! resetting handle holds a handle count, so its slot cannot be freed (and reused) under it.
+//! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot (a lazy
+//! reset changes only the deadline). A resetting handle holds a handle count, so its slot
+//! cannot be freed (and reused) under it.
 //!
 //! # Reclamation
 //!
@@ -156,7 +158,7 @@ pub(crate) enum FireOutcome {
     Run,
     /// A reset is in flight: keep the entry aside until its message arrives.
     ResetInFlight,
-    /// A one-shot timer's deadline moved (or is being moved): store it again at this tick.
+    /// A one-shot timer's deadline moved later: store it again at this tick.
     Later(u64),
     /// A cancel won: its message will release the entry.
     Cancelled,
@@ -329,33 +331,29 @@ impl SlotTable {
     /// Moves a one-shot timer's deadline in place (see the module documentation).
     pub(crate) fn reset_lazy(&self, index: u32, generation: u32, deadline: u64) -> LazyReset {
         let slot = self.slot(index);
-        let mut word = slot.state.load(Ordering::Acquire);
-        loop {
-            if generation_of(word) != generation || lifecycle_of(word) != PENDING {
-                return LazyReset::NotPending;
-            }
-            if word & REPEATING != 0 {
-                return LazyReset::Repeating;
-            }
-            if word & DEADLINE_LOCK != 0 {
-                // Another handle, or the shard, holds the lock: a few instructions away.
-                thread::yield_now();
-                word = slot.state.load(Ordering::Acquire);
-                continue;
-            }
-            match slot.state.compare_exchange_weak(
-                word,
-                word | DEADLINE_LOCK,
-                Ordering::Acquire,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(actual) => word = actual,
-            }
+        let word = slot.state.load(Ordering::Acquire);
+        if generation_of(word) != generation || lifecycle_of(word) != PENDING {
+            return LazyReset::NotPending;
         }
-        let old = slot.deadline.swap(deadline, Ordering::Relaxed);
-        // Release: whoever takes the lock next (the shard deciding to fire) sees the deadline.
-        slot.state.fetch_and(!DEADLINE_LOCK, Ordering::Release);
+        if word & REPEATING != 0 {
+            return LazyReset::Repeating;
+        }
+        // The reset's one locked instruction. The swap makes concurrent resets of one timer
+        // follow each other, so whoever moves the deadline earlier knows it (and tells the shard).
+        let old = slot.deadline.swap(deadline, Ordering::AcqRel);
+        // Dekker with `fire`, which locks the word and then reads the deadline: either the
+        // shard reads our deadline, or we see its lock (or its decision) below.
+        crate::sync::fence_after_read_modify_write();
+        let mut word = slot.state.load(Ordering::Acquire);
+        while word & DEADLINE_LOCK != 0 {
+            // The shard is deciding on a deadline it read (a few instructions): wait for it.
+            thread::yield_now();
+            word = slot.state.load(Ordering::Acquire);
+        }
+        if lifecycle_of(word) != PENDING {
+            // Fired (at its old deadline, or ours if that was already due) or cancelled.
+            return LazyReset::NotPending;
+        }
         LazyReset::Done {
             earlier: deadline < old,
         }
@@ -499,22 +497,22 @@ impl SlotTable {
                     return FireOutcome::ResetInFlight;
                 }
             } else {
-                if word & DEADLINE_LOCK != 0 {
-                    if due == u64::MAX {
-                        // No later tick to look again at: wait out the handle's reset.
-                        thread::yield_now();
-                        word = slot.load(Ordering::Acquire);
-                        continue;
-                    }
-                    return FireOutcome::Later(due + 1);
-                }
+                debug_assert!(
+                    word & DEADLINE_LOCK == 0,
+                    "slot {index}'s deadline lock is taken by someone other than its shard"
+                );
                 match slot.compare_exchange_weak(
                     word,
                     word | DEADLINE_LOCK,
                     Ordering::Acquire,
                     Ordering::Acquire,
                 ) {
-                    Ok(_) => return self.decide_locked(index, word | DEADLINE_LOCK, due),
+                    Ok(_) => {
+                        // Dekker with `reset_lazy`, which swaps the deadline and then reads
+                        // the word: either we read its deadline, or it sees our lock.
+                        crate::sync::fence_after_read_modify_write();
+                        return self.decide_locked(index, word | DEADLINE_LOCK, due);
+                    }
                     Err(actual) => {
                         word = actual;
                         continue;
@@ -543,9 +541,9 @@ impl SlotTable {
     /// holds (`word` is the word it locked): fire, or unlock and look again later.
     fn decide_locked(&self, index: u32, mut word: u64, due: u64) -> FireOutcome {
         let cell = self.slot(index);
-        // Under the lock, after its acquire: every reset that unlocked before is visible, and
-        // none can start until we unlock.
-        let deadline = cell.deadline.load(Ordering::Relaxed);
+        // After the lock and the fence: a reset whose swap we do not see here sees our lock
+        // and waits for the decision (and learns from it whether it was in time).
+        let deadline = cell.deadline.load(Ordering::Acquire);
         loop {
             let (new, outcome) = if lifecycle_of(word) != PENDING {
                 // Cancelled while we held the lock: its message will release the entry.

@@ -153,11 +153,13 @@ impl Engine {
     }
 
     pub(crate) fn stats(&self) -> Stats {
-        stats::total(
+        let mut stats = stats::total(
             self.shards
                 .iter()
                 .map(|shard| shard.counters.snapshot())
                 .collect(),
-        )
+        );
+        stats.cycle_clock = self.clock.reads_cycle_clock();
+        stats
     }
 }
