@@ -4,7 +4,7 @@
 use super::handle::TimerHandle;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
-use super::slot::{FireOutcome, Slot, SlotTable};
+use super::slot::{FireOutcome, RELEASE_ABOVE, Release, Slot, SlotTable};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::{LocalLateness, ShardCounters};
@@ -17,9 +17,11 @@ use std::time::Instant;
 /// Messages drained per round before the shard looks at the wheel again, so a flood of
 /// submissions cannot delay expiry.
 pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
-/// How long a shard's entry table stays allocated after its last timer left (see
-/// [`ShardCore::release_idle_memory`]).
+/// How long a shard's entry table and slot table stay allocated after its last timer left (see
+/// [`ShardCore::release_idle_memory`]); also the first wait before trying the slot table again.
 pub(crate) const RELEASE_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+/// The longest wait between tries to release a slot table whose slots are still held.
+pub(crate) const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The engine-wide `max_pending` limit: an exact count of pending timers.
 #[derive(Debug)]
@@ -264,9 +266,19 @@ pub(crate) struct ShardCore {
     entries: Entries,
     /// Entries holding a timer (its task, or the place of a repeating task out running).
     live: usize,
-    /// The tick at which the entry table, empty since, is given back (see
-    /// [`release_idle_memory`](Self::release_idle_memory)); `u64::MAX`: not planned.
+    /// The tick at which the entry table, empty since, is given back, or the slot table's
+    /// release is tried (again) (see [`release_idle_memory`](Self::release_idle_memory));
+    /// `u64::MAX`: not planned.
     release_at: u64,
+    /// One more than the highest slot index a `Schedule` grew the entry table to since the
+    /// slot table was last released (so the shard knows, without reading the shared table,
+    /// whether a release is worth trying).
+    slots_seen: u64,
+    /// Ticks to wait after the next failed try to release the slot table (0: none failed yet).
+    release_backoff: u64,
+    /// The slot table's free-list head at the last failed try: while it has not changed, a
+    /// new walk would fail the same way.
+    release_failed_head: Option<u64>,
     fired: u64,
     reset: u64,
     lateness: LocalLateness,
@@ -314,6 +326,9 @@ impl ShardCore {
             entries: Entries(Vec::new()),
             live: 0,
             release_at: u64::MAX,
+            slots_seen: 0,
+            release_backoff: 0,
+            release_failed_head: None,
             fired: 0,
             reset: 0,
             lateness: LocalLateness::new(),
@@ -344,6 +359,7 @@ impl ShardCore {
                 let slot = index as usize;
                 if slot >= self.entries.0.len() {
                     self.entries.0.resize_with(slot + 1, || VACANT);
+                    self.slots_seen = self.slots_seen.max(slot as u64 + 1);
                 }
                 let entry = &mut self.entries.0[slot];
                 debug_assert!(
@@ -520,13 +536,28 @@ impl ShardCore {
         self.wheel.cascade_ahead(&mut store);
     }
 
-    /// Gives the entry table's memory back once no timer has been left in it for
-    /// [`RELEASE_DELAY`] (after a mass cancel, or the end of a storm): every entry is vacant then,
-    /// and a later schedule grows it again. The delay keeps the unmapping (milliseconds for
-    /// a large table) off the moment the last timers fire, when their tasks are still running.
+    /// Gives the entry table's and the slot table's memory back once no timer has been left in
+    /// them for [`RELEASE_DELAY`] (after a mass cancel, or the end of a storm): every entry is
+    /// vacant then, and a later schedule grows it again. The delay keeps the unmapping
+    /// (milliseconds for a large table) off the moment the last timers fire, when their tasks
+    /// are still running.
+    ///
+    /// The slot table can be released only once every slot is free, that is once every handle
+    /// of its timers is gone ([`SlotTable::try_release`]). While some are held, the shard tries
+    /// again after 20 ms, 40 ms, ... up to [`RELEASE_RETRY_MAX`], walking the free list again
+    /// only if it changed; once it has not changed for a whole longest wait, the shard stops
+    /// (an idle engine must not wake forever), until a later turn finds it changed.
     pub(crate) fn release_idle_memory(&mut self, now_tick: u64) {
         const KEEP: usize = 4096;
-        if self.live != 0 || self.entries.0.capacity() <= KEEP {
+        if self.live != 0 {
+            self.release_at = u64::MAX;
+            self.release_backoff = 0;
+            self.release_failed_head = None;
+            return;
+        }
+        let entries_held = self.entries.0.capacity() > KEEP;
+        let slots_held = self.slots_seen > RELEASE_ABOVE;
+        if !entries_held && !slots_held {
             self.release_at = u64::MAX;
             return;
         }
@@ -534,13 +565,48 @@ impl ShardCore {
             self.wheel.len() == 0,
             "wheel holds entries while none is live"
         );
+        let slots = &self.shared.slots;
         if self.release_at == u64::MAX {
+            if !entries_held && self.release_failed_head == Some(slots.free_head()) {
+                // Gave up on the slot table, and nothing was freed since.
+                return;
+            }
             let delay = self.shared.clock.ticks_in(RELEASE_DELAY).max(1);
             self.release_at = now_tick.saturating_add(delay);
-        } else if now_tick >= self.release_at {
+            return;
+        }
+        if now_tick < self.release_at {
+            return;
+        }
+        if entries_held {
             self.entries.0 = Vec::new();
             self.wheel.release_memory();
-            self.release_at = u64::MAX;
+        }
+        self.release_at = u64::MAX;
+        if !slots_held {
+            return;
+        }
+        let outcome = match self.release_failed_head {
+            Some(head) if head == slots.free_head() => Release::Busy { head },
+            _ => slots.try_release(),
+        };
+        match outcome {
+            Release::Released | Release::Nothing => {
+                self.slots_seen = 0;
+                self.release_backoff = 0;
+                self.release_failed_head = None;
+            }
+            Release::Busy { head } => {
+                let unchanged = self.release_failed_head == Some(head);
+                self.release_failed_head = Some(head);
+                let longest = self.shared.clock.ticks_in(RELEASE_RETRY_MAX).max(1);
+                if unchanged && self.release_backoff >= longest {
+                    return; // Give up until a later turn finds the list changed.
+                }
+                let first = self.shared.clock.ticks_in(RELEASE_DELAY).max(1);
+                self.release_backoff = (self.release_backoff * 2).clamp(first, longest);
+                self.release_at = now_tick.saturating_add(self.release_backoff);
+            }
         }
     }
 
