@@ -870,8 +870,10 @@ impl SlotTable {
             .is_err()
         {
             // Unseal; this also discards the increments of allocations that found the seal
-            // (they threw their index away and start over).
-            self.fresh.next.store(observed, Ordering::Release);
+            // (they threw their index away and start over). An exchange, like the commit's: a
+            // plain store would do on hardware, but loom 0.7 lets a plain store slip between
+            // the read and the write of a concurrent `fetch_add` (tokio-rs/loom#254).
+            self.fresh.next.swap(observed, Ordering::Release);
             return Release::Busy { head };
         }
         // 5. Commit. Fresh slots now start above every generation seen, so a stale message
@@ -883,7 +885,7 @@ impl SlotTable {
             .store(generation as u64, Ordering::Relaxed);
         self.fresh
             .next
-            .store((KEPT_PAGES as u64) << READY_SHIFT, Ordering::Release);
+            .swap((KEPT_PAGES as u64) << READY_SHIFT, Ordering::Release);
         // 6. Give the used pages back in order, each made writable again (`ready`) only after
         // its `madvise`, so that no `begin` is erased by it.
         for page in KEPT_PAGES..PAGES {
