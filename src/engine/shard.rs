@@ -677,3 +677,111 @@ impl ShardCore {
         unfired
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Clock;
+    use std::time::Duration;
+
+    /// A shard driven by hand (ticks of 1 ms), holding `count` cancelled timers whose handles
+    /// are all dropped but the last, which is returned.
+    fn idle_shard_holding_one_handle(count: usize) -> (ShardCore, TimerHandle) {
+        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
+        let shared = Arc::new(ShardShared::new(clock, None));
+        let mut core = ShardCore::new(shared.clone(), 2);
+        let mut handoff = Handoff::default();
+        let mut handles: Vec<TimerHandle> = (0..count)
+            .map(|_| ShardShared::submit(&shared, 1_000_000, Task::new(|| {})).unwrap())
+            .collect();
+        while core.drain_inbox(&mut handoff) > 0 {}
+        for handle in &handles {
+            assert!(handle.cancel());
+        }
+        while core.drain_inbox(&mut handoff) > 0 {}
+        assert_eq!(core.live, 0);
+        let held = handles.pop().unwrap();
+        drop(handles);
+        (core, held)
+    }
+
+    /// Runs the shard's housekeeping at each tick it asks to be woken at, from `now`, until it
+    /// asks for nothing; returns the wake-ups and the tick it stopped at.
+    fn run_housekeeping(core: &mut ShardCore, mut now: u64) -> (usize, u64) {
+        let mut wakes = 0;
+        while let Some(tick) = core.next_work() {
+            assert!(tick > now, "housekeeping due at {tick}, now {now}");
+            now = tick;
+            core.release_idle_memory(now);
+            wakes += 1;
+            assert!(wakes < 100, "housekeeping never stops");
+        }
+        (wakes, now)
+    }
+
+    #[test]
+    fn idle_shard_retries_then_stops_and_resumes_when_a_handle_drops() {
+        let (mut core, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
+        core.release_idle_memory(0);
+        assert_eq!(
+            core.next_work(),
+            Some(20),
+            "first try after the release delay"
+        );
+        let (wakes, stopped) = run_housekeeping(&mut core, 0);
+        // A try at 20 ms, then after waits of 20, 40, ... 640 ms, and 1000 ms, which saw no
+        // change over a whole longest wait: it stops there (7 of the 8 walks were skipped).
+        assert_eq!(
+            (wakes, stopped),
+            (8, 20 + 20 + 40 + 80 + 160 + 320 + 640 + 1000)
+        );
+        assert!(
+            core.entries.0.capacity() == 0,
+            "the entry table went at the first try"
+        );
+        assert_eq!(
+            core.shared.slots.try_release(),
+            Release::Busy {
+                head: core.shared.slots.free_head()
+            }
+        );
+        // A later turn with nothing changed plans nothing.
+        core.release_idle_memory(stopped + 5000);
+        assert_eq!(core.next_work(), None);
+        // The last handle goes: the next turn plans a try, which releases.
+        drop(held);
+        core.release_idle_memory(stopped + 6000);
+        assert_eq!(core.next_work(), Some(stopped + 6020));
+        let (wakes, _) = run_housekeeping(&mut core, stopped + 6000);
+        assert_eq!(wakes, 1);
+        assert_eq!(core.slots_seen, 0);
+        assert_eq!(
+            core.shared.slots.allocate(),
+            Some((0, 2)),
+            "fresh slots start over"
+        );
+    }
+
+    #[test]
+    fn idle_shard_releases_everything_in_one_turn() {
+        let (mut core, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
+        drop(held);
+        core.release_idle_memory(0);
+        let (wakes, _) = run_housekeeping(&mut core, 0);
+        assert_eq!(wakes, 1);
+        assert_eq!(core.entries.0.capacity(), 0);
+        assert_eq!(core.slots_seen, 0);
+        assert_eq!(core.shared.slots.try_release(), Release::Nothing);
+        // Idle with nothing left to give back: no wake-up is planned.
+        core.release_idle_memory(1000);
+        assert_eq!(core.next_work(), None);
+    }
+
+    #[test]
+    fn small_idle_shard_plans_nothing() {
+        let (mut core, held) = idle_shard_holding_one_handle(100);
+        drop(held);
+        core.release_idle_memory(0);
+        assert_eq!(core.next_work(), None);
+    }
+}
