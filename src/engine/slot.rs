@@ -63,17 +63,67 @@
 //! | RUNNING                   | [`finish_run`] (shard)                  | PENDING (re-armed), or FIRED / SHARD cleared |
 //! | CANCELLED                 | [`release_by_shard`] (shard)            | SHARD cleared                    |
 //! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list |
+//! | every slot FREE and on the free list | [`try_release`] (shard, idle)    | off the list; fresh again, at a generation above all; page memory given back |
 //!
 //! Every transition is one compare-and-swap or read-modify-write of the word, so exactly one
 //! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot. A
 //! resetting handle holds a handle count, so its slot cannot be freed (and reused) under it.
+//! The release (last row) writes no word: it empties the list and restarts fresh allocation
+//! (see below).
 //!
 //! # Reclamation
 //!
 //! Slots are stored in pages of doubling size that are allocated once and freed only when the
-//! table itself is dropped (when the engine and every handle are gone). A slot is reused only
-//! after its generation is bumped, so a stale reader sees a generation mismatch, never freed
-//! memory: this design needs no epoch-based reclamation.
+//! table itself is dropped (when the engine and every handle are gone): `slot()` never meets a
+//! null or freed page. A slot is reused only after its generation is bumped, so a stale reader
+//! sees a generation mismatch, never freed memory: this design needs no epoch-based
+//! reclamation.
+//!
+//! # Giving memory back: the release
+//!
+//! A table that held millions of timers would keep 16 bytes per timer after they are all gone.
+//! So when its shard holds no timer any more, it tries [`try_release`]: if every slot ever
+//! handed out is free, the table starts over (the free list empty, fresh allocation from index
+//! 0) and the pages' memory goes back to the operating system with `madvise(MADV_DONTNEED)`:
+//! the pages stay mapped (and allocated), they only read as zeros, FREE words, until written
+//! again. Hot paths gain no read-modify-write: push and pop are unchanged, the fresh path gains
+//! a branch and a load.
+//!
+//! `next_fresh` holds the fresh count (bits 0-39), `ready` (bits 40-44: how many leading pages
+//! a fresh allocation may write, all 27 but during a release) and `SEALED` (bit 63). A second
+//! word beside it holds the generation fresh slots start at. The release, run by the shard only:
+//!
+//! 1. Read the count `N` and the free list's head `H`.
+//! 2. Walk the list from `H` (checked: every index below `N`, its page present, its word FREE;
+//!    at most `N` steps; every 1024 steps give up if the head moved). It must hold exactly
+//!    `N` slots, and note the newest generation on it.
+//! 3. Seal: compare-and-swap `next_fresh` from what step 1 read to the same with `SEALED`.
+//! 4. Empty the list: compare-and-swap the head from `H` to empty with the next tag. On
+//!    failure, unseal (restore step 1's value) and give up.
+//! 5. Commit: fresh generation := newest + 1; `next_fresh` := count 0, `ready` = the 6 small
+//!    pages (under 64 KiB, kept as they are).
+//! 6. For each used page above those, in order: `madvise` its whole OS pages below `N`, then
+//!    add one to `ready` (release).
+//!
+//! A fresh allocation that finds `SEALED` throws its index away (the commit or the unseal
+//! overwrites its increment) and waits for the seal to go, then starts over; one that lands on
+//! a page at or above `ready` waits until that page is given back. Who else could touch a slot
+//! while the table looks all free, and why the release cannot hurt them:
+//!
+//! | who                                                   | why it is safe |
+//! |-------------------------------------------------------|----------------|
+//! | a popper that read `H` and reads the head slot's link | step 4 bumped the tag: its compare-and-swap fails, whatever (zeros) it read |
+//! | an allocator between taking a slot and `begin` (its word still looks FREE) | popped: not on the list under `H`; fresh: not on the list at all, so the walk counts fewer than `N`; a fresh one after step 1 fails step 3 |
+//! | a free in progress (FREE word stored, push pending)   | not on the list under `H`: the walk counts fewer than `N` |
+//! | anything pushed or popped during the walk             | the tag changed: step 4 fails (and the walk may stop early) |
+//! | a stale `Relocate` / `Reset` (index, generation)      | every old generation is at most the newest one walked: new timers start above it, so the generation check rejects it |
+//! | `Schedule`, `Cancel`, `Rearm` (index only)            | their slot has `SHARD` set, so it is not free: the walk fails |
+//! | a handle                                              | its slot has a handle count, so it is not free: the walk fails |
+//! | `begin` on a page being given back                    | waits for `ready` (acquire, paired with the release after `madvise`) |
+//! | a reader of a page being given back                   | only atomic loads, which accept any FREE word, zeros included |
+//!
+//! Nothing depends on the zeros (`begin` writes the whole slot), so a failing `madvise` only
+//! keeps the memory. Generations wrap at 2^30, as before.
 
 use crate::sync::{AtomicPtr, AtomicU64, Ordering, thread};
 use crossbeam_utils::CachePadded;
