@@ -548,7 +548,11 @@ impl ShardCore {
     /// only if it changed; once it has not changed for a whole longest wait, the shard stops
     /// (an idle engine must not wake forever), until a later turn finds it changed.
     pub(crate) fn release_idle_memory(&mut self, now_tick: u64) {
+        /// An entry table this small is kept. No larger than `RELEASE_ABOVE`: `slots_seen`
+        /// grows only when a `Schedule` grows the entry table, so after a release, a table
+        /// that kept up to `KEEP` entries must still see every index above `RELEASE_ABOVE`.
         const KEEP: usize = 4096;
+        const { assert!(KEEP as u64 <= RELEASE_ABOVE) };
         if self.live != 0 {
             self.release_at = u64::MAX;
             self.release_backoff = 0;
