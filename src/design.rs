@@ -45,6 +45,8 @@
 //! Shared slot: state word 8 bytes + deadline 8 bytes. Private entry: wheel links 8 bytes +
 //! task 24 bytes. In all 48 bytes per pending timer, task included, when the closure fits in
 //! 16 bytes; the handle (16 bytes) is the caller's.
+//! All of it is given back once a shard is idle and every handle of its timers is gone (see
+//! below): about 1 byte per cancelled timer remains (the load generator's memory workload).
 //!
 //! # Firing a million timers in a second
 //!
@@ -56,8 +58,9 @@
 //! one runs, a bounded slice per advance (more as its deadline nears), after the turn's expired
 //! tasks were handed off. Near-ring slots are arrays of entry indices rather than linked lists,
 //! so expiry reads indices in order and prefetches entries and slots eight ahead. Giving an
-//! emptied shard's entry table back to the allocator (an unmapping that takes milliseconds)
-//! waits 20 ms after the last timer left, so it never delays the last tasks of a burst.
+//! emptied shard's memory back (its entry table to the allocator, its slot table's pages to
+//! the operating system: unmapping that takes milliseconds) waits 20 ms after the last timer
+//! left, so it never delays the last tasks of a burst.
 //!
 //! # Why nothing is read after it is freed
 //!
@@ -66,6 +69,30 @@
 //! reused only after its generation changes, and a slot with live handles is never reused,
 //! so every access through a handle reads the right timer's word. The inbox queue reclaims
 //! its own blocks (crossbeam). Hence no epoch-based reclamation is needed.
+//!
+//! # Giving memory back after a mass cancel
+//!
+//! An idle shard (no timer left in it) gives back its entry table and, once every slot is free
+//! (every handle dropped), its slot table's memory, so that resident memory returns to where it
+//! was before the timers came. The slot pages cannot be freed (any thread may hold a slot
+//! index and read its page), so the shard gives their memory back in place with
+//! `madvise(MADV_DONTNEED)`: still mapped, reading as zeros (FREE words). The table then starts
+//! over: fresh slots from index 0, at a generation above every one used before. See the
+//! release protocol in the slot table's documentation (`engine/slot.rs`, "Giving memory
+//! back"); in short:
+//!
+//! | invariant | kept by |
+//! |-----------|---------|
+//! | the release commits only if no slot is in use, being allocated or being freed | the free list walked from head `H` holds every slot handed out; the fresh counter is sealed unchanged; the head is still `H` (tagged: no push or pop in between) |
+//! | a stale pop (of a list read before the release) fails | emptying the list bumps its tag |
+//! | a fresh allocation never overlaps a release's commit | it sees `SEALED`, discards its index and starts over |
+//! | no new timer's write is erased by `madvise` | a fresh allocation waits until its page is `ready` (published after the `madvise`) |
+//! | a stale message (`Relocate`, `Reset`) never hits a new timer | new generations start above every generation on the list |
+//! | pages are never unmapped or freed before the table is dropped | `madvise` changes content, not mappings |
+//!
+//! While handles are still held, the shard tries again after 20 ms, 40 ms, ... up to 1 s,
+//! walking the list only when it changed, and stops when it has not changed for a second (an
+//! idle engine stays asleep); a later turn of the shard starts over if it changed.
 //!
 //! # Waking a sleeping shard
 //!

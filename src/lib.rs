@@ -45,6 +45,11 @@ pub use periodic::MissedTicks;
 pub use stats::{ShardStats, Stats};
 pub use timer::{Builder, Timer};
 
+/// The slot table, for the loom models of its release protocol only.
+#[cfg(loom)]
+#[doc(hidden)]
+pub use engine::slot::SlotTableHook;
+
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

@@ -177,3 +177,60 @@ fn memory_flat_under_long_churn() {
 fn memory_flat_under_unpaced_churn() {
     check(1_000_000, Duration::from_secs(8), false);
 }
+
+/// Cancelling every timer gives the slot table's memory (16 bytes a timer) back to the
+/// operating system, but only once the last handle is gone: a handle held keeps it, and
+/// dropping that handle later still releases it (the idle shard tries again, backing off).
+#[test]
+fn slot_memory_returns_once_every_handle_is_gone() {
+    const TIMERS: usize = 500_000;
+    const PAGE_BYTES: u64 = 4096;
+    let _serial = serial();
+    let timer = Timer::builder().shards(1).build().unwrap();
+    let mut handles: Vec<TimerHandle> = (0..TIMERS)
+        .map(|_| timer.schedule(Duration::from_secs(3600), || {}).unwrap())
+        .collect();
+    let held = handles.pop().unwrap();
+    for handle in handles.drain(..) {
+        assert!(handle.cancel());
+    }
+    drop(handles);
+    assert!(held.cancel());
+    // Once the shard has applied every cancel (a marker runs after them), its entry table goes
+    // after 20 ms; the slot table stays while `held` lives.
+    let (done, ran) = mpsc::channel();
+    timer
+        .schedule(Duration::ZERO, move || done.send(()).unwrap())
+        .unwrap();
+    ran.recv_timeout(Duration::from_secs(30))
+        .expect("the shard applies the cancels");
+    std::thread::sleep(Duration::from_millis(300));
+    let held_pages = resident_pages();
+    drop(held);
+    let slot_pages = (16 * TIMERS as u64) / PAGE_BYTES;
+    let started = Instant::now();
+    let released = support::wait_until(Duration::from_secs(10), || {
+        held_pages.saturating_sub(resident_pages()) >= slot_pages * 3 / 4
+    });
+    println!(
+        "{TIMERS} timers: resident {} KiB with one handle held, {} KiB {:?} after dropping it \
+         (slot table: {} KiB)",
+        held_pages * PAGE_BYTES / 1024,
+        resident_pages() * PAGE_BYTES / 1024,
+        started.elapsed(),
+        slot_pages * PAGE_BYTES / 1024
+    );
+    assert!(released, "the slot table's memory was not given back");
+    // The engine works on, from a released table.
+    let fired = counter();
+    let handle = {
+        let fired = fired.clone();
+        timer
+            .schedule(Duration::from_millis(1), move || {
+                fired.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap()
+    };
+    assert!(support::wait_until(Duration::from_secs(10), || get(&fired) == 1));
+    assert_eq!(handle.state(), shardwheel::TimerState::Expired);
+}

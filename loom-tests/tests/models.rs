@@ -2,7 +2,9 @@
 //!
 //! Run with `loom-tests/run.sh` (it sets `--cfg loom` and the preemption bound). Each model
 //! drives the shipped engine: a manual clock with one shard and inline execution drives the
-//! shard by hand; the wake-up model runs the real worker thread (as a loom thread).
+//! shard by hand; the wake-up model runs the real worker thread (as a loom thread). The slot
+//! release model drives the shipped slot table directly (through the public API a release
+//! needs thousands of timers).
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -10,7 +12,7 @@ use loom::sync::Notify;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use shardwheel::sync::model;
-use shardwheel::{Clock, Executor, Timer, TimerState};
+use shardwheel::{Clock, Executor, SlotTableHook, Timer, TimerState};
 use std::time::{Duration, Instant};
 
 const MILLISECOND: Duration = Duration::from_millis(1);
@@ -325,5 +327,61 @@ fn sleep_wakes_the_latest_waker() {
         // Extra (spurious) wake-ups are allowed; a lost one would have deadlocked above.
         let _ = first.woken.load(Ordering::SeqCst);
         assert_eq!(poll(&second_waker), Poll::Ready(Ok(())));
+    });
+}
+
+/// Model 8: a shard releases its slot table (`try_release`: walk the free list, seal, empty,
+/// give the pages back) while a user thread frees the last slot and allocates. Every outcome
+/// must leave two distinct, pending timers, and no stale (index, generation) may touch them:
+/// a release must not commit while a slot is being freed or popped, a page given back must
+/// not erase a new timer, and fresh generations must rise above the old ones.
+#[test]
+fn slot_release_vs_free_and_allocate() {
+    model(|| {
+        let table = Arc::new(SlotTableHook::default());
+        let mut old = Vec::new();
+        for _ in 0..2 {
+            let (index, generation) = table.allocate().unwrap();
+            table.begin(index, generation);
+            assert!(table.cancel(index, generation));
+            table.release_by_shard(index);
+            old.push((index, generation));
+        }
+        // The first is free; the second's last handle is still held, by the user thread.
+        table.drop_handle(old[0].0);
+        let user = {
+            let (table, held) = (table.clone(), old[1].0);
+            thread::spawn(move || {
+                table.drop_handle(held);
+                let (index, generation) = table.allocate().unwrap();
+                table.begin(index, generation);
+                (index, generation)
+            })
+        };
+        // The shard's side. Loom 0.7 finds a race between a load and a later write only if
+        // some execution runs the write first (without this yield, it never explored a
+        // release that succeeds): yielding lets the user thread go first.
+        thread::yield_now();
+        let released = table.try_release();
+        let (index, generation) = table.allocate().unwrap();
+        table.begin(index, generation);
+        let shard = (index, generation);
+        let user = user.join().unwrap();
+        assert_ne!(user.0, shard.0, "two timers got slot {}", user.0);
+        for (who, timer) in [("user", user), ("shard", shard)] {
+            assert!(
+                table.is_pending(timer.0, timer.1),
+                "the {who}'s new timer {timer:?} is not pending (released: {released})"
+            );
+        }
+        for stale in old {
+            assert!(
+                !table.cancel(stale.0, stale.1),
+                "stale {stale:?} cancelled a new timer (released: {released})"
+            );
+        }
+        for timer in [user, shard] {
+            assert!(table.cancel(timer.0, timer.1));
+        }
     });
 }

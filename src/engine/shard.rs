@@ -4,7 +4,7 @@
 use super::handle::TimerHandle;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
-use super::slot::{FireOutcome, Slot, SlotTable};
+use super::slot::{FireOutcome, RELEASE_ABOVE, Release, Slot, SlotTable};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::{LocalLateness, ShardCounters};
@@ -17,9 +17,11 @@ use std::time::Instant;
 /// Messages drained per round before the shard looks at the wheel again, so a flood of
 /// submissions cannot delay expiry.
 pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
-/// How long a shard's entry table stays allocated after its last timer left (see
-/// [`ShardCore::release_idle_memory`]).
+/// How long a shard's entry table and slot table stay allocated after its last timer left (see
+/// [`ShardCore::release_idle_memory`]); also the first wait before trying the slot table again.
 pub(crate) const RELEASE_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+/// The longest wait between tries to release a slot table whose slots are still held.
+pub(crate) const RELEASE_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The engine-wide `max_pending` limit: an exact count of pending timers.
 #[derive(Debug)]
@@ -264,9 +266,19 @@ pub(crate) struct ShardCore {
     entries: Entries,
     /// Entries holding a timer (its task, or the place of a repeating task out running).
     live: usize,
-    /// The tick at which the entry table, empty since, is given back (see
-    /// [`release_idle_memory`](Self::release_idle_memory)); `u64::MAX`: not planned.
+    /// The tick at which the entry table, empty since, is given back, or the slot table's
+    /// release is tried (again) (see [`release_idle_memory`](Self::release_idle_memory));
+    /// `u64::MAX`: not planned.
     release_at: u64,
+    /// One more than the highest slot index a `Schedule` grew the entry table to since the
+    /// slot table was last released (so the shard knows, without reading the shared table,
+    /// whether a release is worth trying).
+    slots_seen: u64,
+    /// Ticks to wait after the next failed try to release the slot table (0: none failed yet).
+    release_backoff: u64,
+    /// The slot table's free-list head at the last failed try: while it has not changed, a
+    /// new walk would fail the same way.
+    release_failed_head: Option<u64>,
     fired: u64,
     reset: u64,
     lateness: LocalLateness,
@@ -314,6 +326,9 @@ impl ShardCore {
             entries: Entries(Vec::new()),
             live: 0,
             release_at: u64::MAX,
+            slots_seen: 0,
+            release_backoff: 0,
+            release_failed_head: None,
             fired: 0,
             reset: 0,
             lateness: LocalLateness::new(),
@@ -344,6 +359,7 @@ impl ShardCore {
                 let slot = index as usize;
                 if slot >= self.entries.0.len() {
                     self.entries.0.resize_with(slot + 1, || VACANT);
+                    self.slots_seen = self.slots_seen.max(slot as u64 + 1);
                 }
                 let entry = &mut self.entries.0[slot];
                 debug_assert!(
@@ -520,13 +536,32 @@ impl ShardCore {
         self.wheel.cascade_ahead(&mut store);
     }
 
-    /// Gives the entry table's memory back once no timer has been left in it for
-    /// [`RELEASE_DELAY`] (after a mass cancel, or the end of a storm): every entry is vacant then,
-    /// and a later schedule grows it again. The delay keeps the unmapping (milliseconds for
-    /// a large table) off the moment the last timers fire, when their tasks are still running.
+    /// Gives the entry table's and the slot table's memory back once no timer has been left in
+    /// them for [`RELEASE_DELAY`] (after a mass cancel, or the end of a storm): every entry is
+    /// vacant then, and a later schedule grows it again. The delay keeps the unmapping
+    /// (milliseconds for a large table) off the moment the last timers fire, when their tasks
+    /// are still running.
+    ///
+    /// The slot table can be released only once every slot is free, that is once every handle
+    /// of its timers is gone ([`SlotTable::try_release`]). While some are held, the shard tries
+    /// again after 20 ms, 40 ms, ... up to [`RELEASE_RETRY_MAX`], walking the free list again
+    /// only if it changed; once it has not changed for a whole longest wait, the shard stops
+    /// (an idle engine must not wake forever), until a later turn finds it changed.
     pub(crate) fn release_idle_memory(&mut self, now_tick: u64) {
+        /// An entry table this small is kept. No larger than `RELEASE_ABOVE`: `slots_seen`
+        /// grows only when a `Schedule` grows the entry table, so after a release, a table
+        /// that kept up to `KEEP` entries must still see every index above `RELEASE_ABOVE`.
         const KEEP: usize = 4096;
-        if self.live != 0 || self.entries.0.capacity() <= KEEP {
+        const { assert!(KEEP as u64 <= RELEASE_ABOVE) };
+        if self.live != 0 {
+            self.release_at = u64::MAX;
+            self.release_backoff = 0;
+            self.release_failed_head = None;
+            return;
+        }
+        let entries_held = self.entries.0.capacity() > KEEP;
+        let slots_held = self.slots_seen > RELEASE_ABOVE;
+        if !entries_held && !slots_held {
             self.release_at = u64::MAX;
             return;
         }
@@ -534,13 +569,48 @@ impl ShardCore {
             self.wheel.len() == 0,
             "wheel holds entries while none is live"
         );
+        let slots = &self.shared.slots;
         if self.release_at == u64::MAX {
+            if !entries_held && self.release_failed_head == Some(slots.free_head()) {
+                // Gave up on the slot table, and nothing was freed since.
+                return;
+            }
             let delay = self.shared.clock.ticks_in(RELEASE_DELAY).max(1);
             self.release_at = now_tick.saturating_add(delay);
-        } else if now_tick >= self.release_at {
+            return;
+        }
+        if now_tick < self.release_at {
+            return;
+        }
+        if entries_held {
             self.entries.0 = Vec::new();
             self.wheel.release_memory();
-            self.release_at = u64::MAX;
+        }
+        self.release_at = u64::MAX;
+        if !slots_held {
+            return;
+        }
+        let outcome = match self.release_failed_head {
+            Some(head) if head == slots.free_head() => Release::Busy { head },
+            _ => slots.try_release(),
+        };
+        match outcome {
+            Release::Released | Release::Nothing => {
+                self.slots_seen = 0;
+                self.release_backoff = 0;
+                self.release_failed_head = None;
+            }
+            Release::Busy { head } => {
+                let unchanged = self.release_failed_head == Some(head);
+                self.release_failed_head = Some(head);
+                let longest = self.shared.clock.ticks_in(RELEASE_RETRY_MAX).max(1);
+                if unchanged && self.release_backoff >= longest {
+                    return; // Give up until a later turn finds the list changed.
+                }
+                let first = self.shared.clock.ticks_in(RELEASE_DELAY).max(1);
+                self.release_backoff = (self.release_backoff * 2).clamp(first, longest);
+                self.release_at = now_tick.saturating_add(self.release_backoff);
+            }
         }
     }
 
@@ -609,5 +679,113 @@ impl ShardCore {
         }
         drop(handoff);
         unfired
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Clock;
+    use std::time::Duration;
+
+    /// A shard driven by hand (ticks of 1 ms), holding `count` cancelled timers whose handles
+    /// are all dropped but the last, which is returned.
+    fn idle_shard_holding_one_handle(count: usize) -> (ShardCore, TimerHandle) {
+        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
+        let shared = Arc::new(ShardShared::new(clock, None));
+        let mut core = ShardCore::new(shared.clone(), 2);
+        let mut handoff = Handoff::default();
+        let mut handles: Vec<TimerHandle> = (0..count)
+            .map(|_| ShardShared::submit(&shared, 1_000_000, Task::new(|| {})).unwrap())
+            .collect();
+        while core.drain_inbox(&mut handoff) > 0 {}
+        for handle in &handles {
+            assert!(handle.cancel());
+        }
+        while core.drain_inbox(&mut handoff) > 0 {}
+        assert_eq!(core.live, 0);
+        let held = handles.pop().unwrap();
+        drop(handles);
+        (core, held)
+    }
+
+    /// Runs the shard's housekeeping at each tick it asks to be woken at, from `now`, until it
+    /// asks for nothing; returns the wake-ups and the tick it stopped at.
+    fn run_housekeeping(core: &mut ShardCore, mut now: u64) -> (usize, u64) {
+        let mut wakes = 0;
+        while let Some(tick) = core.next_work() {
+            assert!(tick > now, "housekeeping due at {tick}, now {now}");
+            now = tick;
+            core.release_idle_memory(now);
+            wakes += 1;
+            assert!(wakes < 100, "housekeeping never stops");
+        }
+        (wakes, now)
+    }
+
+    #[test]
+    fn idle_shard_retries_then_stops_and_resumes_when_a_handle_drops() {
+        let (mut core, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
+        core.release_idle_memory(0);
+        assert_eq!(
+            core.next_work(),
+            Some(20),
+            "first try after the release delay"
+        );
+        let (wakes, stopped) = run_housekeeping(&mut core, 0);
+        // A try at 20 ms, then after waits of 20, 40, ... 640 ms, and 1000 ms, which saw no
+        // change over a whole longest wait: it stops there (7 of the 8 walks were skipped).
+        assert_eq!(
+            (wakes, stopped),
+            (8, 20 + 20 + 40 + 80 + 160 + 320 + 640 + 1000)
+        );
+        assert!(
+            core.entries.0.capacity() == 0,
+            "the entry table went at the first try"
+        );
+        assert_eq!(
+            core.shared.slots.try_release(),
+            Release::Busy {
+                head: core.shared.slots.free_head()
+            }
+        );
+        // A later turn with nothing changed plans nothing.
+        core.release_idle_memory(stopped + 5000);
+        assert_eq!(core.next_work(), None);
+        // The last handle goes: the next turn plans a try, which releases.
+        drop(held);
+        core.release_idle_memory(stopped + 6000);
+        assert_eq!(core.next_work(), Some(stopped + 6020));
+        let (wakes, _) = run_housekeeping(&mut core, stopped + 6000);
+        assert_eq!(wakes, 1);
+        assert_eq!(core.slots_seen, 0);
+        assert_eq!(
+            core.shared.slots.allocate(),
+            Some((0, 2)),
+            "fresh slots start over"
+        );
+    }
+
+    #[test]
+    fn idle_shard_releases_everything_in_one_turn() {
+        let (mut core, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
+        drop(held);
+        core.release_idle_memory(0);
+        let (wakes, _) = run_housekeeping(&mut core, 0);
+        assert_eq!(wakes, 1);
+        assert_eq!(core.entries.0.capacity(), 0);
+        assert_eq!(core.slots_seen, 0);
+        assert_eq!(core.shared.slots.try_release(), Release::Nothing);
+        // Idle with nothing left to give back: no wake-up is planned.
+        core.release_idle_memory(1000);
+        assert_eq!(core.next_work(), None);
+    }
+
+    #[test]
+    fn small_idle_shard_plans_nothing() {
+        let (mut core, held) = idle_shard_holding_one_handle(100);
+        drop(held);
+        core.release_idle_memory(0);
+        assert_eq!(core.next_work(), None);
     }
 }

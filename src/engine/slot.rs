@@ -64,18 +64,67 @@
 //! | RUNNING                   | [`finish_run`] (shard)                  | PENDING (re-armed), or FIRED / SHARD cleared |
 //! | CANCELLED                 | [`release_by_shard`] (shard)            | SHARD cleared                    |
 //! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list |
+//! | every slot FREE and on the free list | [`try_release`] (shard, idle)    | off the list; fresh again, at a generation above all; page memory given back |
 //!
 //! Every transition is one compare-and-swap or read-modify-write of the word, so exactly one
 //! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot (a lazy
 //! reset changes only the deadline). A resetting handle holds a handle count, so its slot
-//! cannot be freed (and reused) under it.
+//! cannot be freed (and reused) under it. The release (last row) writes no word: it empties
+//! the list and restarts fresh allocation (see below).
 //!
 //! # Reclamation
 //!
 //! Slots are stored in pages of doubling size that are allocated once and freed only when the
-//! table itself is dropped (when the engine and every handle are gone). A slot is reused only
-//! after its generation is bumped, so a stale reader sees a generation mismatch, never freed
-//! memory: this design needs no epoch-based reclamation.
+//! table itself is dropped (when the engine and every handle are gone): `slot()` never meets a
+//! null or freed page. A slot is reused only after its generation is bumped, so a stale reader
+//! sees a generation mismatch, never freed memory: this design needs no epoch-based
+//! reclamation.
+//!
+//! # Giving memory back: the release
+//!
+//! A table that held millions of timers would keep 16 bytes per timer after they are all gone.
+//! So when its shard holds no timer any more, it tries [`try_release`]: if every slot ever
+//! handed out is free, the table starts over (the free list empty, fresh allocation from index
+//! 0) and the pages' memory goes back to the operating system with `madvise(MADV_DONTNEED)`:
+//! the pages stay mapped (and allocated), they only read as zeros, FREE words, until written
+//! again. Hot paths gain no read-modify-write: push and pop are unchanged, the fresh path gains
+//! a branch and a load.
+//!
+//! `next_fresh` holds the fresh count (bits 0-39), `ready` (bits 40-44: how many leading pages
+//! a fresh allocation may write, all 27 but during a release) and `SEALED` (bit 63). A second
+//! word beside it holds the generation fresh slots start at. The release, run by the shard only:
+//!
+//! 1. Read the count `N` and the free list's head `H`.
+//! 2. Walk the list from `H` (checked: every index below `N`, its page present, its word FREE;
+//!    at most `N` steps; every 1024 steps give up if the head moved). It must hold exactly
+//!    `N` slots, and note the newest generation on it.
+//! 3. Seal: compare-and-swap `next_fresh` from what step 1 read to the same with `SEALED`.
+//! 4. Empty the list: compare-and-swap the head from `H` to empty with the next tag. On
+//!    failure, unseal (restore step 1's value) and give up.
+//! 5. Commit: fresh generation := newest + 1; `next_fresh` := count 0, `ready` = the 6 small
+//!    pages (under 64 KiB, kept as they are).
+//! 6. For each used page above those, in order: `madvise` its whole OS pages below `N`, then
+//!    add one to `ready` (release).
+//!
+//! A fresh allocation that finds `SEALED` throws its index away (the commit or the unseal
+//! overwrites its increment) and waits for the seal to go, then starts over; one that lands on
+//! a page at or above `ready` waits until that page is given back. Who else could touch a slot
+//! while the table looks all free, and why the release cannot hurt them:
+//!
+//! | who                                                   | why it is safe |
+//! |-------------------------------------------------------|----------------|
+//! | a popper that read `H` and reads the head slot's link | step 4 bumped the tag: its compare-and-swap fails, whatever (zeros) it read |
+//! | an allocator between taking a slot and `begin` (its word still looks FREE) | popped: not on the list under `H`; fresh: not on the list at all, so the walk counts fewer than `N`; a fresh one after step 1 fails step 3 |
+//! | a free in progress (FREE word stored, push pending)   | not on the list under `H`: the walk counts fewer than `N` |
+//! | anything pushed or popped during the walk             | the tag changed: step 4 fails (and the walk may stop early) |
+//! | a stale `Relocate` / `Reset` (index, generation)      | every old generation is at most the newest one walked: new timers start above it, so the generation check rejects it |
+//! | `Schedule`, `Cancel`, `Rearm` (index only)            | their slot has `SHARD` set, so it is not free: the walk fails |
+//! | a handle                                              | its slot has a handle count, so it is not free: the walk fails |
+//! | `begin` on a page being given back                    | waits for `ready` (acquire, paired with the release after `madvise`) |
+//! | a reader of a page being given back                   | only atomic loads, which accept any FREE word, zeros included |
+//!
+//! Nothing depends on the zeros (`begin` writes the whole slot), so a failing `madvise` only
+//! keeps the memory. Generations wrap at 2^30, as before.
 
 use crate::sync::{AtomicPtr, AtomicU64, Ordering, thread};
 use crossbeam_utils::CachePadded;
@@ -108,6 +157,38 @@ const FIRST_PAGE_BITS: u32 = FIRST_PAGE.trailing_zeros();
 const PAGES: usize = 27;
 /// The most slots a table hands out (indices must also fit the wheel's `u32` links).
 pub(crate) const MAX_SLOTS: u64 = crate::wheel::core::MAX_INDEX as u64 + 1;
+
+/// `next_fresh`, bits 0-39: slots handed out fresh since the table was made or last released.
+/// It may count past [`MAX_SLOTS`] (failed allocations do not undo their increment), by at most
+/// the number of threads allocating at once (see [`SlotTable::allocate`]).
+const FRESH_COUNT_MASK: u64 = (1 << 40) - 1;
+/// `next_fresh`, bits 40-44: `ready`, the number of leading pages a fresh allocation may write
+/// ([`PAGES`]: all). Lower only while a release gives pages back (see the module documentation).
+const READY_SHIFT: u32 = 40;
+const READY_ONE: u64 = 1 << READY_SHIFT;
+const READY_MASK: u64 = 0b1_1111 << READY_SHIFT;
+const ALL_READY: u64 = (PAGES as u64) << READY_SHIFT;
+/// `next_fresh`, bit 63: a release is committing; fresh allocations wait.
+const SEALED: u64 = 1 << 63;
+const _: () = assert!(MAX_SLOTS < FRESH_COUNT_MASK / 2 && PAGES < 32);
+
+/// A shard tries to release its table only when more slots than this were handed out: the
+/// small leading pages are kept anyway.
+pub(crate) const RELEASE_ABOVE: u64 = 4096;
+/// Leading pages a release keeps (never given back to the operating system): those under
+/// 64 KiB, where giving back would save little and cost page faults on the next burst. Under
+/// loom none, so that the model sees every page given back.
+const KEPT_PAGES: usize = if cfg!(loom) {
+    0
+} else {
+    let mut page = 0;
+    while page_len(page) * std::mem::size_of::<Slot>() < 64 * 1024 {
+        page += 1;
+    }
+    page
+};
+/// Free-list steps between the release walk's checks that the list has not changed.
+const WALK_CHECK_EVERY: u64 = 1024;
 
 fn generation_of(word: u64) -> u32 {
     (word >> GENERATION_SHIFT) as u32
@@ -186,6 +267,29 @@ pub(crate) enum ResetOutcome {
     Busy,
 }
 
+/// What [`SlotTable::try_release`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Release {
+    /// Every slot was free: the table starts over, its pages' memory given back.
+    Released,
+    /// Some slot is in use, or allocated or freed meanwhile: nothing changed. `head` is the
+    /// free list's head that was walked; while it stays the same, walking again is pointless.
+    Busy { head: u64 },
+    /// Too few slots were ever handed out to be worth it.
+    Nothing,
+}
+
+/// The fresh-allocation counter and the generation fresh slots start at, on one cache line
+/// (every fresh allocation reads both).
+struct Fresh {
+    /// Slots never handed out since the last release start here: the count, `ready` and
+    /// `SEALED` (see [`FRESH_COUNT_MASK`], [`READY_SHIFT`], [`SEALED`]).
+    next: AtomicU64,
+    /// The generation of freshly handed out slots: above every generation a message or
+    /// handle of the table's earlier life may still carry (0 until the first release).
+    generation: AtomicU64,
+}
+
 /// The per-shard table of slot state words, with a lock-free free list.
 pub(crate) struct SlotTable {
     /// Page `k` holds `FIRST_PAGE << k` slots; null until first needed.
@@ -193,14 +297,17 @@ pub(crate) struct SlotTable {
     /// Head of the free list: `tag << 32 | (index + 1)`, 0 in the low half when empty. The tag
     /// changes on every push and pop, so a stale compare-and-swap fails (no ABA).
     free_head: CachePadded<AtomicU64>,
-    /// Slots never handed out start here.
-    next_fresh: CachePadded<AtomicU64>,
+    /// Slots never handed out (since the last release) start here.
+    fresh: CachePadded<Fresh>,
 }
 
 impl std::fmt::Debug for SlotTable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SlotTable")
-            .field("allocated", &self.next_fresh.load(Ordering::Relaxed))
+            .field(
+                "allocated",
+                &(self.fresh.next.load(Ordering::Relaxed) & FRESH_COUNT_MASK),
+            )
             .finish()
     }
 }
@@ -213,8 +320,13 @@ fn locate(index: u32) -> (usize, usize) {
     (page, offset)
 }
 
-fn page_len(page: usize) -> usize {
+const fn page_len(page: usize) -> usize {
     FIRST_PAGE << page
+}
+
+/// The index of the first slot of page `page`.
+fn page_start(page: usize) -> u64 {
+    ((FIRST_PAGE as u64) << page) - FIRST_PAGE as u64
 }
 
 impl SlotTable {
@@ -222,7 +334,10 @@ impl SlotTable {
         SlotTable {
             pages: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             free_head: CachePadded::new(AtomicU64::new(0)),
-            next_fresh: CachePadded::new(AtomicU64::new(0)),
+            fresh: CachePadded::new(Fresh {
+                next: AtomicU64::new(ALL_READY),
+                generation: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -271,39 +386,87 @@ impl SlotTable {
 
     /// Takes a free slot: returns its index and generation. `None` when 2^32 - 2 slots are in use.
     pub(crate) fn allocate(&self) -> Option<(u32, u32)> {
-        let mut head = self.free_head.load(Ordering::Acquire);
-        while head as u32 != 0 {
-            let index = head as u32 - 1;
-            // The word may change under us if another thread pops this slot first; then the
-            // tag in `free_head` has changed too and the exchange below fails.
-            let word = self.word(index).load(Ordering::Acquire);
-            let next = ((word & NEXT_FREE_MASK) >> NEXT_FREE_SHIFT) as u32;
-            let tag = (head >> 32).wrapping_add(1);
-            match self.free_head.compare_exchange_weak(
-                head,
-                tag << 32 | next as u64,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => {
-                    debug_assert_eq!(
-                        lifecycle_of(word),
-                        FREE,
-                        "slot {index} on the free list is occupied"
-                    );
-                    return Some((index, generation_of(word)));
+        loop {
+            let mut head = self.free_head.load(Ordering::Acquire);
+            while head as u32 != 0 {
+                let index = head as u32 - 1;
+                // The word may change under us if another thread pops this slot first (or a
+                // release gives its page back); then the tag in `free_head` has changed too and
+                // the exchange below fails.
+                let word = self.word(index).load(Ordering::Acquire);
+                let next = ((word & NEXT_FREE_MASK) >> NEXT_FREE_SHIFT) as u32;
+                let tag = (head >> 32).wrapping_add(1);
+                match self.free_head.compare_exchange_weak(
+                    head,
+                    tag << 32 | next as u64,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        debug_assert_eq!(
+                            lifecycle_of(word),
+                            FREE,
+                            "slot {index} on the free list is occupied"
+                        );
+                        return Some((index, generation_of(word)));
+                    }
+                    Err(actual) => head = actual,
                 }
-                Err(actual) => head = actual,
             }
+            // Acquire: a release's commit and each page it gave back (see `try_release`).
+            let fresh = self.fresh.next.fetch_add(1, Ordering::Acquire);
+            if fresh & SEALED != 0 {
+                // A release is committing. Our increment is discarded with the seal, so the
+                // index means nothing: wait, then start over (the free list may have changed).
+                self.wait_unsealed();
+                continue;
+            }
+            let count = fresh & FRESH_COUNT_MASK;
+            if count >= MAX_SLOTS {
+                self.undo_exhausted();
+                return None;
+            }
+            let index = count as u32;
+            let page = locate(index).0;
+            if page as u64 >= (fresh & READY_MASK) >> READY_SHIFT {
+                // The release that just committed has not given this page back yet: writing it
+                // now could be erased by its `madvise`.
+                self.wait_ready(page);
+            }
+            self.ensure_page(page);
+            let generation = self.fresh.generation.load(Ordering::Relaxed) as u32;
+            return Some((index, generation));
         }
-        let index = self.next_fresh.fetch_add(1, Ordering::Relaxed);
-        if index >= MAX_SLOTS {
-            self.next_fresh.fetch_sub(1, Ordering::Relaxed);
-            return None;
+    }
+
+    /// Waits until no release is committing (a few instructions of the shard's).
+    #[cold]
+    fn wait_unsealed(&self) {
+        while self.fresh.next.load(Ordering::Acquire) & SEALED != 0 {
+            thread::yield_now();
         }
-        let index = index as u32;
-        self.ensure_page(locate(index).0);
-        Some((index, 0))
+    }
+
+    /// Waits until a committed release has given back page `page` (and every page before it).
+    #[cold]
+    fn wait_ready(&self, page: usize) {
+        while (self.fresh.next.load(Ordering::Acquire) & READY_MASK) >> READY_SHIFT <= page as u64 {
+            thread::yield_now();
+        }
+    }
+
+    /// Every slot is in use: brings the count back to [`MAX_SLOTS`], so that failing
+    /// allocations cannot carry it into `ready` (undoing with a subtraction could borrow from
+    /// `ready` if a release committed meanwhile; this compare-and-swap cannot).
+    #[cold]
+    fn undo_exhausted(&self) {
+        let _ = self
+            .fresh
+            .next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |fresh| {
+                (fresh & SEALED == 0 && fresh & FRESH_COUNT_MASK > MAX_SLOTS)
+                    .then_some(fresh & !FRESH_COUNT_MASK | MAX_SLOTS)
+            });
     }
 
     /// Publishes a freshly allocated slot as a pending timer with one handle, due at tick
@@ -699,10 +862,197 @@ impl SlotTable {
         }
     }
 
-    /// Slots ever handed out (the private table's needed length).
+    /// The free list's head now (the shard compares it with [`Release::Busy`]'s `head` to
+    /// tell whether trying again could succeed).
+    pub(crate) fn free_head(&self) -> u64 {
+        self.free_head.load(Ordering::Relaxed)
+    }
+
+    /// Gives the memory of every slot back if every slot handed out is free, and starts over
+    /// (see "Reclamation" in the module documentation). Only the owning shard calls it, when it
+    /// holds no timer; any thread may use the table meanwhile. Does nothing unless more than
+    /// [`RELEASE_ABOVE`] slots were handed out.
+    pub(crate) fn try_release(&self) -> Release {
+        self.try_release_above(RELEASE_ABOVE)
+    }
+
+    /// [`try_release`](Self::try_release) with any threshold (loom models release tiny tables).
+    fn try_release_above(&self, threshold: u64) -> Release {
+        // 1. What to account for: every slot handed out, and the list that should hold them.
+        let observed = self.fresh.next.load(Ordering::Acquire);
+        debug_assert!(
+            observed & SEALED == 0 && observed & READY_MASK == ALL_READY,
+            "release started while another was under way: {observed:#x}"
+        );
+        let handed_out = (observed & FRESH_COUNT_MASK).min(MAX_SLOTS);
+        if handed_out <= threshold {
+            return Release::Nothing;
+        }
+        let head = self.free_head.load(Ordering::Acquire);
+        // 2. Every slot handed out must be on the list: not in use, not between allocation
+        // and `begin`, not being freed.
+        let Some(newest) = self.walk_free_list(head, handed_out) else {
+            return Release::Busy { head };
+        };
+        // 3. Seal the fresh counter: fails if a fresh allocation came since step 1.
+        if self
+            .fresh
+            .next
+            .compare_exchange(
+                observed,
+                observed | SEALED,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return Release::Busy { head };
+        }
+        // 4. Empty the list, bumping its tag: fails if anything was pushed or popped since step
+        // 1 (every push and pop changes the tag); a popper that read `head` fails too.
+        let emptied = (head >> 32).wrapping_add(1) << 32;
+        if self
+            .free_head
+            .compare_exchange(head, emptied, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            // Unseal; this also discards the increments of allocations that found the seal
+            // (they threw their index away and start over). An exchange, like the commit's: a
+            // plain store would do on hardware, but loom 0.7 lets a plain store slip between
+            // the read and the write of a concurrent `fetch_add` (tokio-rs/loom#254).
+            self.fresh.next.swap(observed, Ordering::Release);
+            return Release::Busy { head };
+        }
+        // 5. Commit. Fresh slots now start above every generation seen, so a stale message
+        // (`Relocate`, `Reset`) carrying an old (index, generation) never matches a new timer.
+        let base = self.fresh.generation.load(Ordering::Relaxed) as u32;
+        let generation = base.wrapping_add(newest).wrapping_add(1) & GENERATION_MASK;
+        self.fresh
+            .generation
+            .store(generation as u64, Ordering::Relaxed);
+        self.fresh
+            .next
+            .swap((KEPT_PAGES as u64) << READY_SHIFT, Ordering::Release);
+        // 6. Give the used pages back in order, each made writable again (`ready`) only after
+        // its `madvise`, so that no `begin` is erased by it.
+        for page in KEPT_PAGES..PAGES {
+            let start = page_start(page);
+            if start >= handed_out {
+                self.fresh
+                    .next
+                    .fetch_add((PAGES - page) as u64 * READY_ONE, Ordering::Release);
+                break;
+            }
+            let used = (handed_out - start).min(page_len(page) as u64) as usize;
+            self.forget(page, used);
+            self.fresh.next.fetch_add(READY_ONE, Ordering::Release);
+        }
+        debug_assert_eq!(
+            self.fresh.next.load(Ordering::Relaxed) & READY_MASK,
+            ALL_READY,
+            "release left pages unready"
+        );
+        Release::Released
+    }
+
+    /// Walks the free list from `head`. Returns the largest generation on it (as an offset from
+    /// the fresh generation, so that a wrapped one still counts as newer) if it holds exactly
+    /// the `handed_out` slots, `None` otherwise (including when the list changes under us).
+    fn walk_free_list(&self, head: u64, handed_out: u64) -> Option<u32> {
+        let base = self.fresh.generation.load(Ordering::Relaxed) as u32;
+        let mut newest = 0;
+        let mut count = 0u64;
+        let mut link = head as u32;
+        while link != 0 {
+            // More than `handed_out` steps: a list that changed under us (a cycle).
+            if count == handed_out {
+                return None;
+            }
+            let word = self.free_word(link - 1, handed_out)?;
+            newest = newest.max(generation_of(word).wrapping_sub(base) & GENERATION_MASK);
+            count += 1;
+            if count % WALK_CHECK_EVERY == 0 && self.free_head.load(Ordering::Relaxed) != head {
+                return None;
+            }
+            link = ((word & NEXT_FREE_MASK) >> NEXT_FREE_SHIFT) as u32;
+        }
+        (count == handed_out).then_some(newest)
+    }
+
+    /// The word of slot `index` if it is one of the `handed_out` slots, its page exists and it
+    /// is FREE (a walk over a list that changed under us may reach any value).
+    fn free_word(&self, index: u32, handed_out: u64) -> Option<u64> {
+        if index as u64 >= handed_out {
+            return None;
+        }
+        let (page, offset) = locate(index);
+        let base = self.pages[page].load(Ordering::Acquire);
+        if base.is_null() {
+            return None;
+        }
+        // SAFETY: a non-null page is a live page of `page_len(page)` slots (see `slot`), and
+        // `offset < page_len(page)` by construction of `locate`.
+        let word = unsafe { &*base.add(offset) }.state.load(Ordering::Acquire);
+        (lifecycle_of(word) == FREE).then_some(word)
+    }
+
+    /// Gives the memory of the first `used` slots of page `page` back to the operating system
+    /// (`madvise(MADV_DONTNEED)` of the whole OS pages inside them): they read as zeros (FREE
+    /// words) afterwards and cost no memory until written again. Their content does not matter
+    /// (a fresh slot is written whole by `begin`, a stale reader accepts any FREE word), so a
+    /// failure only means the memory stays.
+    #[cfg(all(unix, not(loom)))]
+    fn forget(&self, page: usize, used: usize) {
+        let base = self.pages[page].load(Ordering::Acquire);
+        if base.is_null() {
+            return;
+        }
+        // SAFETY: sysconf has no preconditions.
+        let os_page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+            size if size > 0 => size as usize,
+            _ => return,
+        };
+        let start = (base as usize).next_multiple_of(os_page);
+        let end = (base as usize + used * std::mem::size_of::<Slot>()) / os_page * os_page;
+        if end <= start {
+            return;
+        }
+        // SAFETY: [start, end) lies inside the page's allocation (rounded inwards to whole OS
+        // pages), which stays allocated until `Drop`. The release protocol guarantees that no
+        // thread writes to these slots until `ready` passes this page; readers only load the
+        // words atomically and accept the zeros (FREE) they may read. MADV_DONTNEED changes no
+        // mapping, only the content (to zeros, for the private anonymous memory the allocator
+        // hands out; other memory keeps its content, which is fine too).
+        let result =
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+        // A failure leaves the memory in place; nothing else depends on it.
+        let _ = result;
+    }
+
+    /// Elsewhere the memory stays (nothing depends on it being given back).
+    #[cfg(all(not(unix), not(loom)))]
+    fn forget(&self, _page: usize, _used: usize) {}
+
+    /// Loom: what `madvise` does to the words, as atomic stores the model checker sees, so
+    /// that a write it could erase shows up.
+    #[cfg(loom)]
+    fn forget(&self, page: usize, used: usize) {
+        let base = self.pages[page].load(Ordering::Acquire);
+        if base.is_null() {
+            return;
+        }
+        for offset in 0..used {
+            // SAFETY: as in `free_word`; `used <= page_len(page)`.
+            let slot = unsafe { &*base.add(offset) };
+            slot.state.store(0, Ordering::Relaxed);
+            slot.deadline.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Slots handed out fresh since the table was made or last released.
     #[cfg(test)]
     pub(crate) fn allocated(&self) -> u64 {
-        self.next_fresh.load(Ordering::Relaxed)
+        self.fresh.next.load(Ordering::Relaxed) & FRESH_COUNT_MASK
     }
 }
 
@@ -766,6 +1116,52 @@ fn new_page(len: usize) -> *mut Slot {
 unsafe fn free_page(base: *mut Slot, len: usize) {
     // SAFETY: per the contract, `base` is a boxed slice of `len` words.
     drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, len)) });
+}
+
+/// A slot table for the loom models (`loom-tests`), which drive the release protocol directly:
+/// through the public API it needs thousands of timers. Not part of the API.
+#[cfg(loom)]
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct SlotTableHook(SlotTable);
+
+#[cfg(loom)]
+impl Default for SlotTableHook {
+    fn default() -> SlotTableHook {
+        SlotTableHook(SlotTable::new())
+    }
+}
+
+#[cfg(loom)]
+impl SlotTableHook {
+    /// [`SlotTable::allocate`].
+    pub fn allocate(&self) -> Option<(u32, u32)> {
+        self.0.allocate()
+    }
+    /// [`SlotTable::begin`] of a one-shot timer due at tick 1.
+    pub fn begin(&self, index: u32, generation: u32) {
+        self.0.begin(index, generation, 1, false);
+    }
+    /// [`SlotTable::cancel`].
+    pub fn cancel(&self, index: u32, generation: u32) -> bool {
+        self.0.cancel(index, generation)
+    }
+    /// [`SlotTable::is_pending`].
+    pub fn is_pending(&self, index: u32, generation: u32) -> bool {
+        self.0.is_pending(index, generation)
+    }
+    /// [`SlotTable::release_by_shard`].
+    pub fn release_by_shard(&self, index: u32) {
+        self.0.release_by_shard(index);
+    }
+    /// [`SlotTable::drop_handle`].
+    pub fn drop_handle(&self, index: u32) {
+        self.0.drop_handle(index);
+    }
+    /// [`SlotTable::try_release`] whatever the table's size; true iff it released.
+    pub fn try_release(&self) -> bool {
+        self.0.try_release_above(0) == Release::Released
+    }
 }
 
 #[cfg(test)]
@@ -837,5 +1233,153 @@ mod tests {
         assert_eq!(table.reset_applied(index, generation), Some(true));
         assert_eq!(table.fire(index, 10, true), FireOutcome::Run);
         assert_eq!(table.allocated(), 1);
+    }
+
+    /// Schedules `count` timers and cancels them the way a handle and the shard do (their
+    /// handles are left to drop); returns their (index, generation).
+    fn fill_and_cancel(table: &SlotTable, count: usize) -> Vec<(u32, u32)> {
+        let timers: Vec<(u32, u32)> = (0..count)
+            .map(|_| {
+                let (index, generation) = table.allocate().unwrap();
+                table.begin(index, generation, 10, false);
+                (index, generation)
+            })
+            .collect();
+        for &(index, generation) in &timers {
+            assert!(table.cancel(index, generation));
+            table.release_by_shard(index);
+        }
+        timers
+    }
+
+    #[test]
+    fn release_then_reuse() {
+        let table = SlotTable::new();
+        let count = RELEASE_ABOVE as usize + 1000;
+        // A few slots reused many times: their generations run ahead of the others'.
+        for _ in 0..5 {
+            let (index, generation) = table.allocate().unwrap();
+            table.begin(index, generation, 10, false);
+            assert!(table.cancel(index, generation));
+            table.release_by_shard(index);
+            table.drop_handle(index);
+        }
+        let old = fill_and_cancel(&table, count);
+        let newest = old.iter().map(|&(_, generation)| generation).max().unwrap();
+        assert_eq!(newest, 5, "slot 0 was reused five times");
+        for &(index, _) in &old {
+            table.drop_handle(index);
+        }
+        assert_eq!(table.allocated(), count as u64);
+        assert_eq!(table.try_release(), Release::Released);
+        assert_eq!(table.allocated(), 0);
+        // The used part of page 6 (slots 4032..) was given back: it reads as zeros.
+        #[cfg(target_os = "linux")]
+        assert_eq!(table.word(4032 + 512).load(Ordering::Relaxed), 0);
+        // Stale operations (a handle's, or a message's) find no timer.
+        for &(index, generation) in &old {
+            assert!(!table.is_pending(index, generation));
+            assert!(
+                !table.cancel(index, generation),
+                "stale cancel of slot {index}"
+            );
+            assert_eq!(table.reset_applied(index, generation), None);
+        }
+        // Allocation starts over, above every old generation, on pages given back.
+        let new = fill_and_cancel(&table, count);
+        for (position, &(index, generation)) in new.iter().enumerate() {
+            assert_eq!(
+                index as usize, position,
+                "fresh slots are handed out in order"
+            );
+            assert!(
+                generation > newest + 1,
+                "generation {generation} not above {newest} + 1"
+            );
+            assert_eq!(table.state(index, generation), TimerState::Cancelled);
+        }
+        // The old handles of the same indices still cannot touch the new timers.
+        for &(index, generation) in old.iter().take(10) {
+            assert!(!table.cancel(index, generation));
+        }
+        for &(index, _) in &new {
+            table.drop_handle(index);
+        }
+        // Twice in a row works (the generations keep rising).
+        assert_eq!(table.try_release(), Release::Released);
+        let (index, generation) = table.allocate().unwrap();
+        assert_eq!(index, 0);
+        assert!(generation > new[0].1);
+    }
+
+    #[test]
+    fn release_waits_for_every_handle() {
+        let table = SlotTable::new();
+        let timers = fill_and_cancel(&table, RELEASE_ABOVE as usize + 100);
+        let (held, held_generation) = timers[1234];
+        for &(index, _) in &timers {
+            if index != held {
+                table.drop_handle(index);
+            }
+        }
+        let Release::Busy { head } = table.try_release() else {
+            panic!("released while a handle was held");
+        };
+        assert_eq!(head, table.free_head(), "a failed try changes nothing");
+        assert_eq!(table.allocated(), timers.len() as u64);
+        assert_eq!(table.state(held, held_generation), TimerState::Cancelled);
+        table.drop_handle(held);
+        assert_ne!(table.free_head(), head, "a free changes the head");
+        assert_eq!(table.try_release(), Release::Released);
+    }
+
+    #[test]
+    fn release_waits_for_slots_allocated_but_not_begun() {
+        let table = SlotTable::new();
+        let timers = fill_and_cancel(&table, 100);
+        for &(index, _) in &timers {
+            table.drop_handle(index);
+        }
+        assert_eq!(table.try_release(), Release::Nothing, "too small to bother");
+        // A fresh slot allocated but not begun yet: its word looks FREE, but it is not on the
+        // free list.
+        let timers = fill_and_cancel(&table, RELEASE_ABOVE as usize);
+        let (fresh, fresh_generation) = table.allocate().unwrap();
+        assert_eq!(table.allocated(), RELEASE_ABOVE + 1);
+        for &(index, _) in &timers {
+            table.drop_handle(index);
+        }
+        assert!(matches!(table.try_release(), Release::Busy { .. }));
+        table.begin(fresh, fresh_generation, 10, false);
+        assert!(table.cancel(fresh, fresh_generation));
+        table.release_by_shard(fresh);
+        table.drop_handle(fresh);
+        // A popped slot, likewise, through its life.
+        let (index, generation) = table.allocate().unwrap();
+        assert!(matches!(table.try_release(), Release::Busy { .. }));
+        table.begin(index, generation, 10, false);
+        assert!(matches!(table.try_release(), Release::Busy { .. }));
+        assert!(table.cancel(index, generation));
+        table.release_by_shard(index);
+        assert!(matches!(table.try_release(), Release::Busy { .. }));
+        table.drop_handle(index);
+        assert_eq!(table.try_release(), Release::Released);
+    }
+
+    #[test]
+    fn exhaustion_neither_undoes_into_ready_nor_creeps() {
+        let table = SlotTable::new();
+        table
+            .fresh
+            .next
+            .store(ALL_READY | MAX_SLOTS, Ordering::Relaxed);
+        for _ in 0..3 {
+            assert_eq!(table.allocate(), None);
+        }
+        assert_eq!(
+            table.fresh.next.load(Ordering::Relaxed),
+            ALL_READY | MAX_SLOTS,
+            "the count stays at the maximum, ready untouched"
+        );
     }
 }

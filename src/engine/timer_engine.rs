@@ -131,8 +131,12 @@ impl Engine {
                             break;
                         }
                     }
-                    core.expire(self.clock.now_tick(), &mut handoff, usize::MAX, |_| {});
+                    let now = self.clock.now_tick();
+                    core.expire(now, &mut handoff, usize::MAX, |_| {});
                     core.cascade_ahead();
+                    // Housekeeping as on a worker thread: an idle shard gives memory back
+                    // once the clock has moved past its release delay.
+                    core.release_idle_memory(now);
                     core.flush_counters();
                 }
                 progressed |= handoff.ran_anything();
