@@ -27,8 +27,10 @@
 //! the true time by the drift of the monotonic clock against the counter since the base (NTP
 //! slews the monotonic clock by at most 500 ppm: at most 5 µs over 10 ms) plus the time by which
 //! the unordered `rdtsc` runs ahead of the instructions before it (well under a microsecond): far
-//! inside the 50 µs margin. A base's counter is read *after* its `Instant::now()`, so any error
-//! there makes readings later, not earlier. At every refresh the old base's extrapolation is
+//! inside the 50 µs margin. A base's counter is read *before* its `Instant::now()` (whose own
+//! ordered counter read waits for it), and the origin's just after its instant, so whatever
+//! comes between the reads (preemption, an interrupt) makes readings later, never earlier; such
+//! pairs are read again, up to four times, to keep that lateness small. At every refresh the old base's extrapolation is
 //! checked against the fresh `Instant::now()`: if it fell behind by more than half the margin,
 //! the fast path is switched off for the rest of the process.
 //!
@@ -127,13 +129,32 @@ mod imp {
     fn origin_record() -> &'static Origin {
         ORIGIN.get_or_init(|| {
             let usable = counter_is_usable();
-            let instant = Instant::now();
+            let (instant, _, after) = clock_between_counts();
+            // The count read after the instant: the rate comes out high, readings late.
             Origin {
                 instant,
-                counter: counter(),
+                counter: after,
                 usable,
             }
         })
+    }
+
+    /// `Instant::now()` with the counter read just before and just after it, retried a few
+    /// times if something (preemption, an interrupt) came between the reads.
+    fn clock_between_counts() -> (Instant, u64, u64) {
+        // About 20 µs at 2.5 GHz: a pair this tight keeps readings late by at most that.
+        const TIGHT_COUNTS: u64 = 50_000;
+        let mut attempt = 0;
+        loop {
+            let before = counter();
+            // The ordered counter read inside `Instant::now()` waits for `before` to complete.
+            let instant = Instant::now();
+            let after = counter();
+            attempt += 1;
+            if after.wrapping_sub(before) <= TIGHT_COUNTS || attempt == 4 {
+                return (instant, before, after);
+            }
+        }
     }
 
     pub(super) fn origin() -> Instant {
@@ -164,12 +185,17 @@ mod imp {
         if !origin.usable || DISABLED.load(Ordering::Relaxed) {
             return None;
         }
-        let nanos = u64::try_from(origin.instant.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        // Read after the clock: if it runs early, extrapolations come out later, never earlier.
-        let now = counter();
+        let (instant, before, after) = clock_between_counts();
+        let nanos = u64::try_from(instant.saturating_duration_since(origin.instant).as_nanos())
+            .unwrap_or(u64::MAX);
+        // The new base pairs `nanos` with the count read *before* it: whatever came between
+        // the two reads makes extrapolations later, never earlier (pairing it with the count
+        // read after would make every reading on this thread early by that delay).
+        let now = before;
         // Check the old base against the true time, if it was used until just now (a base
-        // left unused for long may have drifted harmlessly: it is not used again).
-        let span = now.wrapping_sub(stale.counter);
+        // left unused for long may have drifted harmlessly: it is not used again). At `after`,
+        // an accurate extrapolation is at or past `nanos`.
+        let span = after.wrapping_sub(stale.counter);
         if stale.valid_counts != 0
             && stale_counter.wrapping_sub(stale.counter) <= 2 * stale.valid_counts
             && span <= 2 * stale.valid_counts
