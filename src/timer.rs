@@ -37,8 +37,9 @@ fn far_future(now: Instant) -> Instant {
 /// * **Shards.** One shard per core by default. Each owns a hierarchical timing wheel
 ///   ([`crate::wheel`]) and a worker thread pinned to its core (best effort). Only that thread
 ///   touches the wheel: no locks inside.
-/// * **Submission.** `schedule` takes a slot in the calling thread's home shard (threads are
-///   spread over shards round-robin; a shard's own thread uses its shard), marks it pending in
+/// * **Submission.** `schedule` takes a slot in a shard pinned to the CPU the calling thread
+///   runs on (else the thread's round-robin shard; a shard's own thread uses its shard), marks
+///   it pending in
 ///   the slot's atomic state word, and sends the task to the shard through its lock-free inbox.
 ///   The handle names its shard and slot, so `cancel` and `reset` always reach the owner.
 /// * **Exactly once.** Firing, cancelling and resetting are compare-and-swaps on the timer's
@@ -415,7 +416,14 @@ impl Builder {
                     .map(|core| Mutex::new(Some(core)))
                     .collect(),
             );
-            let engine = Arc::new(Engine::new(shards, clock, dispatch, limit, drive));
+            let engine = Arc::new(Engine::new(
+                shards,
+                clock,
+                dispatch,
+                limit,
+                drive,
+                Box::default(),
+            ));
             let driver: registry::Arc<dyn Driven> =
                 registry::Arc::new(ManualDriver(engine.clone()));
             self.clock.register(registry::Arc::downgrade(&driver));
@@ -433,6 +441,20 @@ impl Builder {
         } else {
             Vec::new()
         };
+        let mut shards_by_cpu: Vec<Vec<usize>> = Vec::new();
+        if !core_ids.is_empty() {
+            for ordinal in 0..shard_count {
+                let cpu = core_ids[ordinal % core_ids.len()].id;
+                if shards_by_cpu.len() <= cpu {
+                    shards_by_cpu.resize_with(cpu + 1, Vec::new);
+                }
+                shards_by_cpu[cpu].push(ordinal);
+            }
+        }
+        let shards_by_cpu = shards_by_cpu
+            .into_iter()
+            .map(Vec::into_boxed_slice)
+            .collect();
         let mut workers = Vec::with_capacity(shard_count);
         let mut spawn_error = None;
         for (ordinal, core) in cores.into_iter().enumerate() {
@@ -453,6 +475,7 @@ impl Builder {
             dispatch,
             limit,
             Drive::Threads(Mutex::new(workers)),
+            shards_by_cpu,
         ));
         if let Some(error) = spawn_error {
             drop(engine.shutdown());

@@ -25,6 +25,9 @@ pub(crate) struct Engine {
     pub(crate) dispatch: Dispatch,
     pub(crate) limit: Option<Arc<PendingLimit>>,
     pub(crate) drive: Drive,
+    /// For each CPU, the shards whose threads are pinned to it (empty where none is, or
+    /// without pinning): a thread schedules on a shard of the CPU it runs on.
+    shards_by_cpu: Box<[Box<[usize]>]>,
     closed: AtomicBool,
 }
 
@@ -44,6 +47,7 @@ impl Engine {
         dispatch: Dispatch,
         limit: Option<Arc<PendingLimit>>,
         drive: Drive,
+        shards_by_cpu: Box<[Box<[usize]>]>,
     ) -> Engine {
         Engine {
             shards,
@@ -51,13 +55,28 @@ impl Engine {
             dispatch,
             limit,
             drive,
+            shards_by_cpu,
             closed: AtomicBool::new(false),
         }
     }
 
     /// This thread's home shard.
+    ///
+    /// A shard pinned to the CPU the thread runs on, where there is one: the messages and the
+    /// shard's entries then stay in that core's caches (a submitter and its shard time-share
+    /// the core), which doubled cancel+schedule throughput on the 2-core development machine
+    /// compared with a sticky round-robin shard on the other core. Among several shards on one
+    /// CPU, and where no CPU is known (no pinning, other systems, loom), the thread's round-robin
+    /// ordinal chooses; a shard's own worker thread always schedules on its own shard.
     pub(crate) fn home_shard(&self) -> &Arc<ShardShared> {
-        &self.shards[worker::home_ordinal() % self.shards.len()]
+        let ordinal = worker::home_ordinal() % self.shards.len();
+        if let Some(on_cpu) = current_cpu().and_then(|cpu| self.shards_by_cpu.get(cpu))
+            && !on_cpu.is_empty()
+            && !on_cpu.contains(&ordinal)
+        {
+            return &self.shards[on_cpu[ordinal % on_cpu.len()]];
+        }
+        &self.shards[ordinal]
     }
 
     /// Schedules `task` at `deadline` (a tick) on this thread's home shard.
@@ -166,4 +185,17 @@ impl Engine {
         stats.cycle_clock = self.clock.reads_cycle_clock();
         stats
     }
+}
+
+/// The CPU this thread runs on now (it may move at any time: only a placement hint).
+#[cfg(all(target_os = "linux", not(loom)))]
+fn current_cpu() -> Option<usize> {
+    // SAFETY: `sched_getcpu` has no preconditions; it returns -1 on error.
+    usize::try_from(unsafe { libc::sched_getcpu() }).ok()
+}
+
+/// The CPU this thread runs on: not known on this system (or under loom).
+#[cfg(not(all(target_os = "linux", not(loom))))]
+fn current_cpu() -> Option<usize> {
+    None
 }
