@@ -313,10 +313,12 @@ impl Shardwheel {
             .collect()
     }
 
-    /// One fresh sentinel per shard. A thread schedules on its home shard, assigned
-    /// round-robin when it first schedules: new threads schedule one sentinel each until every
-    /// shard has one (the per-shard `scheduled` counters say where each went).
+    /// One fresh sentinel per shard. A thread schedules on a shard pinned to the CPU it runs on
+    /// (else on its round-robin home shard): new threads, each pinned to the next core, schedule
+    /// one sentinel each until every shard has one (the per-shard `scheduled` counters say where
+    /// each went).
     fn arm_sentinels(&self) -> Vec<TimerHandle> {
+        let cores = core_affinity::get_core_ids().unwrap_or_default();
         let epoch = self.flush.arm(self.shards as u64);
         let mut by_shard: Vec<Option<TimerHandle>> = (0..self.shards).map(|_| None).collect();
         let mut tally = Tally::default();
@@ -333,6 +335,10 @@ impl Shardwheel {
             let handle = thread::scope(|scope| {
                 scope
                     .spawn(|| {
+                        if !cores.is_empty() {
+                            // Best effort: where pinning fails, round-robin homes still spread.
+                            core_affinity::set_for_current(cores[attempts % cores.len()]);
+                        }
                         self.timer
                             .schedule(SENTINEL_DELAY, move || latch.hit(id))
                             .expect("scheduling a sentinel")
