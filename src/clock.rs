@@ -201,7 +201,7 @@ impl TickClock {
                 .saturating_sub(offset)
                 .checked_add(crate::cycle_clock::MARGIN_NANOS)
                 .and_then(|nanos| nanos.checked_add(u64::try_from(delay.as_nanos()).ok()?))
-                .map_or(u64::MAX, |deadline| deadline.div_ceil(self.tick_nanos));
+                .map_or(u64::MAX, |deadline| self.tick_at_nanos(deadline));
         }
         match self.clock.now().checked_add(delay) {
             Some(deadline) => self.tick_at(deadline),

@@ -45,10 +45,10 @@
 use std::time::Instant;
 
 /// A thread reads `Instant::now()` again at least this often (nanoseconds).
-pub(crate) const REFRESH_NANOS: u64 = 10_000_000;
+const REFRESH_NANOS: u64 = 10_000_000;
 
 /// The counter's rate is measured over at least this long before readings are extrapolated.
-pub(crate) const CALIBRATION_NANOS: u64 = 20_000_000;
+const CALIBRATION_NANOS: u64 = 20_000_000;
 
 /// What callers add to a deadline computed from [`now_nanos`], so that it is never early.
 pub(crate) const MARGIN_NANOS: u64 = 50_000;
@@ -191,7 +191,7 @@ mod imp {
         // The new base pairs `nanos` with the count read *before* it: whatever came between
         // the two reads makes extrapolations later, never earlier (pairing it with the count
         // read after would make every reading on this thread early by that delay).
-        let now = before;
+        //
         // Check the old base against the true time, if it was used until just now (a base
         // left unused for long may have drifted harmlessly: it is not used again). At `after`,
         // an accurate extrapolation is at or past `nanos`.
@@ -204,40 +204,33 @@ mod imp {
             DISABLED.store(true, Ordering::Relaxed);
             return None;
         }
-        let counts = now.wrapping_sub(origin.counter);
-        let base = if nanos >= CALIBRATION_NANOS && now > origin.counter && counts > 0 {
+        // Until the rate is calibrated (or if it came out zero), `valid_counts` stays 0: every
+        // reading then takes this path and returns the precise time.
+        let (rate, valid_counts) = if nanos >= CALIBRATION_NANOS && before > origin.counter {
+            let counts = before - origin.counter;
             let rate = u64::try_from(((nanos as u128) << 32) / counts as u128).unwrap_or(0);
-            let valid_counts = if rate == 0 {
-                0
-            } else {
-                u64::try_from(((REFRESH_NANOS as u128) << 32) / rate as u128).unwrap_or(0)
+            let valid_counts = match rate {
+                0 => 0,
+                rate => u64::try_from(((REFRESH_NANOS as u128) << 32) / rate as u128).unwrap_or(0),
             };
-            Base {
-                counter: now,
-                nanos,
-                rate,
-                valid_counts,
-            }
+            (rate, valid_counts)
         } else {
-            Base {
-                counter: now,
-                nanos,
-                rate: 0,
-                valid_counts: 0,
-            }
+            (0, 0)
+        };
+        let base = Base {
+            counter: before,
+            nanos,
+            rate,
+            valid_counts,
         };
         BASE.with(|cell| cell.set(base));
         Some(nanos)
     }
 
-    /// Whether extrapolation was switched off after a drift check failed.
-    pub(super) fn disabled() -> bool {
-        DISABLED.load(Ordering::Relaxed)
-    }
-
-    /// Whether the counter is used at all on this machine.
-    pub(super) fn usable() -> bool {
-        origin_record().usable
+    /// Whether readings are extrapolated from the counter: it is usable on this machine, and
+    /// no drift check switched extrapolation off.
+    pub(super) fn in_use() -> bool {
+        origin_record().usable && !DISABLED.load(Ordering::Relaxed)
     }
 }
 
@@ -257,18 +250,14 @@ mod imp {
         None
     }
 
-    pub(super) fn disabled() -> bool {
-        false
-    }
-
-    pub(super) fn usable() -> bool {
+    pub(super) fn in_use() -> bool {
         false
     }
 }
 
 /// Whether readings are extrapolated from the counter on this machine (statistics).
 pub(crate) fn in_use() -> bool {
-    imp::usable() && !imp::disabled()
+    imp::in_use()
 }
 
 #[cfg(all(test, not(loom)))]

@@ -67,7 +67,7 @@ impl Engine {
     /// the core), which doubled cancel+schedule throughput on the 2-core development machine
     /// compared with a sticky round-robin shard on the other core. Among several shards on one
     /// CPU, and where no CPU is known (no pinning, other systems, loom), the thread's round-robin
-    /// ordinal chooses; a shard's own worker thread always schedules on its own shard.
+    /// ordinal chooses; a shard's own worker thread, on its own CPU, schedules on its own shard.
     pub(crate) fn home_shard(&self) -> &Arc<ShardShared> {
         let ordinal = worker::home_ordinal() % self.shards.len();
         if let Some(on_cpu) = current_cpu().and_then(|cpu| self.shards_by_cpu.get(cpu))
