@@ -2,9 +2,10 @@
 //!
 //! # A timer's life
 //!
-//! 1. **Schedule** (any thread). A shard is chosen: one pinned to the CPU the calling thread
-//!    runs on (so the message and the entry stay in that core's caches), else the thread's
-//!    round-robin shard; a shard's own thread uses its own. A slot is popped from the shard's
+//! 1. **Schedule** (any thread). The thread's home shard is used, chosen at its first schedule
+//!    and kept: one pinned to the CPU the thread ran on then (so the message and the entry stay
+//!    in that core's caches), else round-robin by thread; a shard's own thread uses its own. A
+//!    slot is popped from the shard's
 //!    lock-free free list (a tagged Treiber stack threaded through the free slots' state
 //!    words) or taken fresh; the deadline tick is written beside the state word, which then
 //!    becomes PENDING with one handle and the SHARD bit.

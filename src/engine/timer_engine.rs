@@ -60,23 +60,26 @@ impl Engine {
         }
     }
 
-    /// This thread's home shard.
+    /// This thread's home shard, chosen at its first schedule and kept.
     ///
-    /// A shard pinned to the CPU the thread runs on, where there is one: the messages and the
-    /// shard's entries then stay in that core's caches (a submitter and its shard time-share
-    /// the core), which doubled cancel+schedule throughput on the 2-core development machine
-    /// compared with a sticky round-robin shard on the other core. Among several shards on one
-    /// CPU, and where no CPU is known (no pinning, other systems, loom), the thread's round-robin
-    /// ordinal chooses; a shard's own worker thread, on its own CPU, schedules on its own shard.
+    /// A shard pinned to the CPU the thread runs on then, where there is one: the messages and
+    /// the shard's entries stay in that core's caches (a submitter and its shard time-share the
+    /// core), which doubled cancel+schedule throughput on the 2-core development machine
+    /// compared with a round-robin shard on the other core. Kept, not chosen again at each
+    /// schedule: a thread's timers stay on one shard, so a thread that moves between CPUs does
+    /// not shift its timers from one shard's tables to another's (which grew memory). Among
+    /// several shards on one CPU, and where no CPU is known (no pinning, other systems, loom),
+    /// the thread's round-robin ordinal chooses; a shard's own worker uses its own shard.
     pub(crate) fn home_shard(&self) -> &Arc<ShardShared> {
-        let ordinal = worker::home_ordinal() % self.shards.len();
-        if let Some(on_cpu) = current_cpu().and_then(|cpu| self.shards_by_cpu.get(cpu))
-            && !on_cpu.is_empty()
-            && !on_cpu.contains(&ordinal)
-        {
-            return &self.shards[on_cpu[ordinal % on_cpu.len()]];
-        }
-        &self.shards[ordinal]
+        /// Spreads threads over several shards pinned to one CPU.
+        static NEXT_ON_CPU: crate::sync::statistics::AtomicUsize =
+            crate::sync::statistics::AtomicUsize::new(0);
+        let ordinal = worker::home_ordinal(|| {
+            let on_cpu = self.shards_by_cpu.get(current_cpu()?)?;
+            let next = NEXT_ON_CPU.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (!on_cpu.is_empty()).then(|| on_cpu[next % on_cpu.len()])
+        });
+        &self.shards[ordinal % self.shards.len()]
     }
 
     /// Schedules `task` at `deadline` (a tick) on this thread's home shard.

@@ -26,12 +26,20 @@ thread_local! {
     static STRIPE: Cell<usize> = Cell::new(usize::MAX);
 }
 
-/// The ordinal this thread submits to (modulo the shard count): worker threads use their own
-/// shard, other threads are spread round-robin in the order they first schedule.
-pub(crate) fn home_ordinal() -> usize {
+/// The ordinal this thread submits to (modulo the shard count), chosen at its first schedule
+/// and kept: worker threads use their own shard; other threads take `first()` (a shard of the
+/// CPU they run on, where known), else are spread round-robin in the order they first schedule.
+pub(crate) fn home_ordinal(first: impl FnOnce() -> Option<usize>) -> usize {
     static NEXT: crate::sync::statistics::AtomicUsize =
         crate::sync::statistics::AtomicUsize::new(0);
-    HOME.with(|home| numbered(home, &NEXT))
+    HOME.with(|home| {
+        if home.get() == usize::MAX
+            && let Some(ordinal) = first()
+        {
+            home.set(ordinal);
+        }
+        numbered(home, &NEXT)
+    })
 }
 
 /// The number in `cell`, or, the first time (`usize::MAX`), the next one of `next`.
