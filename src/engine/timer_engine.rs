@@ -28,6 +28,8 @@ pub(crate) struct Engine {
     /// For each CPU, the shards whose threads are pinned to it (empty where none is, or
     /// without pinning): a thread schedules on a shard of the CPU it runs on.
     shards_by_cpu: Box<[Box<[usize]>]>,
+    /// Threads that took each shard as their home by CPU (never decremented: a placement hint).
+    homed: Box<[crate::sync::statistics::AtomicUsize]>,
     closed: AtomicBool,
 }
 
@@ -49,12 +51,16 @@ impl Engine {
         drive: Drive,
         shards_by_cpu: Box<[Box<[usize]>]>,
     ) -> Engine {
+        let homed = (0..shards.len())
+            .map(|_| crate::sync::statistics::AtomicUsize::new(0))
+            .collect();
         Engine {
             shards,
             clock,
             dispatch,
             limit,
             drive,
+            homed,
             shards_by_cpu,
             closed: AtomicBool::new(false),
         }
@@ -71,13 +77,21 @@ impl Engine {
     /// several shards on one CPU, and where no CPU is known (no pinning, other systems, loom),
     /// the thread's round-robin ordinal chooses; a shard's own worker uses its own shard.
     pub(crate) fn home_shard(&self) -> &Arc<ShardShared> {
-        /// Spreads threads over several shards pinned to one CPU.
-        static NEXT_ON_CPU: crate::sync::statistics::AtomicUsize =
-            crate::sync::statistics::AtomicUsize::new(0);
         let ordinal = worker::home_ordinal(|| {
             let on_cpu = self.shards_by_cpu.get(current_cpu()?)?;
-            let next = NEXT_ON_CPU.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            (!on_cpu.is_empty()).then(|| on_cpu[next % on_cpu.len()])
+            // The CPU's least-homed shard, unless another shard has fewer threads homed: new
+            // threads often first run on the CPU that spawned them.
+            let homed =
+                |shard: &usize| self.homed[*shard].load(std::sync::atomic::Ordering::Relaxed);
+            let local = on_cpu.iter().copied().min_by_key(homed)?;
+            let fewest = (0..self.shards.len()).min_by_key(homed)?;
+            let chosen = if homed(&local) <= homed(&fewest) {
+                local
+            } else {
+                fewest
+            };
+            self.homed[chosen].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some(chosen)
         });
         &self.shards[ordinal % self.shards.len()]
     }
