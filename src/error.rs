@@ -60,6 +60,9 @@ pub enum ScheduleError {
     Full,
     /// A repeating timer or interval with a zero period.
     ZeroPeriod,
+    /// The shard this schedule was routed to has failed: its thread died (an engine bug; see
+    /// [`ShardStats::failed`](crate::ShardStats::failed)).
+    ShardFailed,
 }
 
 impl fmt::Display for ScheduleError {
@@ -71,6 +74,9 @@ impl fmt::Display for ScheduleError {
             }
             ScheduleError::ZeroPeriod => {
                 write!(f, "a repeating timer needs a period longer than zero")
+            }
+            ScheduleError::ShardFailed => {
+                write!(f, "the timer engine's shard for this schedule has failed")
             }
         }
     }

@@ -20,12 +20,18 @@ pub struct ShardStats {
     pub cancelled: u64,
     /// Successful resets.
     pub reset: u64,
-    /// Tasks that panicked (caught; the engine carried on).
+    /// Calls into user code that panicked: task runs, and drops of tasks, wakers or panic
+    /// payloads (caught; the engine carried on).
     pub panicked: u64,
     /// Timers waiting for their deadline: `scheduled - fired - cancelled`.
     pub pending: u64,
     /// Whether the shard's thread is pinned to its core.
     pub pinned: bool,
+    /// Whether the shard's thread died (an engine bug; user code cannot cause it): it runs
+    /// nothing more, schedules routed to it fail with
+    /// [`ScheduleError::ShardFailed`](crate::ScheduleError::ShardFailed), and `shutdown`
+    /// returns the timers it still held.
+    pub failed: bool,
     /// Median time from deadline to hand-off to run.
     pub lateness_p50: Duration,
     /// 99th percentile of the same.
@@ -46,12 +52,16 @@ pub struct Stats {
     pub cancelled: u64,
     /// Successful resets.
     pub reset: u64,
-    /// Tasks that panicked (caught; the engine carried on).
+    /// Calls into user code that panicked: task runs, and drops of tasks, wakers or panic
+    /// payloads (caught; the engine carried on).
     pub panicked: u64,
     /// Timers waiting for their deadline: `scheduled - fired - cancelled`.
     pub pending: u64,
     /// How many shard threads are pinned to a core (pinning is best effort).
     pub pinned: usize,
+    /// How many shard threads died (see [`ShardStats::failed`]); 0 unless the engine has a
+    /// bug. Still counted after `shutdown`, which is how a caller of `shutdown` learns of it.
+    pub failed_shards: usize,
     /// Whether `schedule(delay)` and `reset(delay)` read the time from the processor's cycle
     /// counter rather than `Instant::now()` (x86-64 Linux with the `tsc` clock source, system
     /// clock only): a cheaper reading, with deadlines up to 50 µs later and never earlier.
@@ -135,6 +145,9 @@ pub(crate) struct ShardCounters {
     /// the same shard do not all bump one cache line (see `count_reset`).
     lazy_resets: [crossbeam_utils::CachePadded<AtomicU64>; RESET_STRIPES],
     pub(crate) pinned: AtomicBool,
+    /// Set by the shard's worker thread when it dies, before it closes the inbox (see
+    /// `ShardShared::fail`).
+    pub(crate) failed: AtomicBool,
     lateness: Box<[AtomicU64]>,
     lateness_max_micros: AtomicU64,
 }
@@ -155,6 +168,7 @@ impl ShardCounters {
             reset: AtomicU64::new(0),
             lazy_resets: Default::default(),
             pinned: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
             lateness: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             lateness_max_micros: AtomicU64::new(0),
         }
@@ -213,6 +227,7 @@ impl ShardCounters {
             panicked: self.panicked.load(Ordering::Relaxed),
             pending: scheduled.saturating_sub(fired + cancelled),
             pinned: self.pinned.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
             lateness_p50: percentile(&counts, 0.50, max),
             lateness_p99: percentile(&counts, 0.99, max),
             lateness_max: Duration::from_micros(max),
@@ -251,6 +266,7 @@ pub(crate) fn total(shards: Vec<(ShardStats, Vec<u64>)>) -> Stats {
         stats.panicked += shard.panicked;
         stats.pending += shard.pending;
         stats.pinned += usize::from(shard.pinned);
+        stats.failed_shards += usize::from(shard.failed);
         max = max.max(shard.lateness_max);
         for (sum, count) in counts.iter_mut().zip(shard_counts) {
             *sum += count;

@@ -287,8 +287,31 @@ impl Timer {
     /// New schedules fail with [`ScheduleError::Shutdown`]. Joins the shard threads, except the
     /// calling thread's own when called from a task running inline. Idempotent (later calls
     /// return an empty list) and safe from any thread, including from inside a task.
+    ///
+    /// A shard whose thread died (an engine bug: user code cannot cause it) is reported by
+    /// [`Stats::failed_shards`], before and after shutdown; the timers it still held are
+    /// returned here like any other.
     pub fn shutdown(&self) -> Vec<UnfiredTimer> {
         self.inner.engine.shutdown()
+    }
+
+    /// Test-only fault hook: makes shard `shard`'s thread panic at its next turn, as an engine
+    /// bug would, to test that a dead shard is reported ([`Stats::failed_shards`]). Debug
+    /// builds only; not part of the API.
+    ///
+    /// # Panics
+    ///
+    /// If `shard` is not below the shard count.
+    #[cfg(debug_assertions)]
+    #[doc(hidden)]
+    pub fn kill_shard_thread_for_tests(&self, shard: usize) {
+        let shard = &self.inner.engine.shards[shard];
+        shard
+            .fault
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        // An inline no-op due at once wakes the shard (pushed after the flag: it sees it). It
+        // is never returned by `shutdown`: shutdown runs inline tasks.
+        let _ = ShardShared::submit(shard, 0, Task::new_inline(|| {}));
     }
 
     /// Whether [`shutdown`](Self::shutdown) has been called.

@@ -1,6 +1,7 @@
 //! A shard: the state other threads share with it ([`ShardShared`]) and the state only its
 //! owner touches ([`ShardCore`]: the wheel, the tasks, local counters).
 
+use super::executor::{drop_contained, drop_uncounted};
 use super::handle::TimerHandle;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
@@ -68,6 +69,10 @@ pub(crate) struct ShardShared {
     pub(crate) clock: TickClock,
     pub(crate) counters: ShardCounters,
     pub(crate) limit: Option<Arc<PendingLimit>>,
+    /// Test-only fault: the worker thread panics at its next turn (see
+    /// `Timer::kill_shard_thread_for_tests`).
+    #[cfg(debug_assertions)]
+    pub(crate) fault: crate::sync::statistics::AtomicBool,
 }
 
 impl ShardShared {
@@ -78,6 +83,33 @@ impl ShardShared {
             clock,
             counters: ShardCounters::new(),
             limit,
+            #[cfg(debug_assertions)]
+            fault: crate::sync::statistics::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether this shard's thread died (see `worker::run`): its inbox is closed for good.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.counters
+            .failed
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the shard failed, then closes its inbox: a submitter that finds the inbox closed
+    /// then also finds it failed (the close orders the two), and says so.
+    pub(crate) fn fail(&self) {
+        self.counters
+            .failed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.inbox.close();
+    }
+
+    /// Why a schedule found the inbox closed: the engine was shut down, or the shard failed.
+    fn closed_error(&self) -> ScheduleError {
+        if self.has_failed() {
+            ScheduleError::ShardFailed
+        } else {
+            ScheduleError::Shutdown
         }
     }
 
@@ -97,19 +129,24 @@ impl ShardShared {
         deadline: u64,
         task: Task,
     ) -> Result<TimerHandle, ScheduleError> {
+        // A refused task is user code: dropped contained.
+        let refuse = |task: Task, error: ScheduleError| {
+            drop_contained(shard, task);
+            Err(error)
+        };
         if shard.inbox.is_closed() {
-            return Err(ScheduleError::Shutdown);
+            return refuse(task, shard.closed_error());
         }
         if let Some(limit) = &shard.limit {
             if !limit.try_reserve() {
-                return Err(ScheduleError::Full);
+                return refuse(task, ScheduleError::Full);
             }
         }
         let Some((index, generation)) = shard.slots.allocate() else {
             if let Some(limit) = &shard.limit {
                 limit.release(1);
             }
-            return Err(ScheduleError::Full);
+            return refuse(task, ScheduleError::Full);
         };
         shard
             .slots
@@ -149,7 +186,7 @@ impl ShardShared {
                 if drained {
                     shard.discard_late_messages();
                 }
-                Err(ScheduleError::Shutdown)
+                Err(shard.closed_error())
             }
         }
     }
@@ -178,7 +215,8 @@ impl ShardShared {
     }
 
     /// After shutdown's last drain: drops whatever late submitters left in the queue (all of
-    /// it belongs to rejected schedules or to timers shutdown already settled).
+    /// it belongs to rejected schedules or to timers shutdown already settled). The tasks in
+    /// them are dropped contained.
     pub(crate) fn discard_late_messages(&self) {
         while let Some(message) = self.inbox.pop() {
             // The shard will never apply these: end the repeating timers they hand back.
@@ -187,6 +225,7 @@ impl ShardShared {
                     self.count_cancelled(1);
                 }
             }
+            drop_contained(self, message);
         }
     }
 }
@@ -315,6 +354,21 @@ impl Handoff {
     /// Whether any task was handed out to run.
     pub(crate) fn ran_anything(&self) -> bool {
         !(self.expired.is_empty() && self.inline.is_empty() && self.repeating.is_empty())
+    }
+}
+
+impl Drop for Handoff {
+    /// A hand-off empties it; tasks left in one are dropped only when the engine failed
+    /// mid-turn. Still user code: each is dropped contained.
+    fn drop(&mut self) {
+        let runs = self.repeating.drain(..).map(|run| run.task);
+        for task in (self.expired.drain(..))
+            .chain(self.inline.drain(..))
+            .chain(runs)
+            .chain(self.dropped.drain(..))
+        {
+            drop_uncounted(task);
+        }
     }
 }
 
@@ -692,8 +746,21 @@ impl ShardCore {
         for wake in handoff.inline.drain(..) {
             super::executor::run_task(wake, &shared);
         }
-        drop(handoff);
+        for task in handoff.dropped.drain(..) {
+            drop_contained(&shared, task);
+        }
         unfired
+    }
+}
+
+impl Drop for ShardCore {
+    /// Tasks still stored (only when a failed shard's core goes without `close`, or a test
+    /// drops a core) are user code: dropped contained, after the entry table left the core.
+    fn drop(&mut self) {
+        let entries = std::mem::take(&mut self.entries.0);
+        for task in entries.into_iter().filter_map(|entry| entry.task) {
+            drop_contained(&self.shared, task);
+        }
     }
 }
 

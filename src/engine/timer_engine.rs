@@ -126,7 +126,7 @@ impl Engine {
                         None => worker.join().ok().flatten(),
                     };
                     if let Some(core) = core {
-                        unfired.extend(core.close());
+                        unfired.extend(close(core));
                     }
                 }
             }
@@ -134,7 +134,7 @@ impl Engine {
                 for core in cores.iter() {
                     let core = lock(core).take();
                     if let Some(core) = core {
-                        unfired.extend(core.close());
+                        unfired.extend(close(core));
                     }
                 }
             }
@@ -201,6 +201,24 @@ impl Engine {
         );
         stats.cycle_clock = self.clock.reads_cycle_clock();
         stats
+    }
+}
+
+/// Closes a shard's core for shutdown ([`ShardCore::close`]). The core of a failed shard
+/// (whose thread died of an engine bug, maybe mid-change) is closed under a guard: if that
+/// fails too, its timers are lost, but not silently (`Stats::failed_shards`), and the tasks it
+/// held are dropped contained (`ShardCore`'s `Drop`).
+fn close(core: ShardCore) -> Vec<super::shard::UnfiredTimer> {
+    if !core.shared.has_failed() {
+        return core.close();
+    }
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    match catch_unwind(AssertUnwindSafe(|| core.close())) {
+        Ok(unfired) => unfired,
+        Err(payload) => {
+            super::executor::drop_uncounted(payload);
+            Vec::new()
+        }
     }
 }
 

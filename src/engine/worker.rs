@@ -94,8 +94,15 @@ pub(crate) fn hand_off(
 
 /// The worker loop. Returns the core when the inbox is closed, for shutdown to close it; `None`
 /// if shutdown already took it (from user code running on this thread).
+///
+/// User code cannot make this thread panic ([`contain`](super::executor::contain) catches
+/// it), but an engine bug could: then the shard is marked failed and its inbox closed
+/// ([`ShardShared::fail`]), so that schedules routed to it fail with
+/// `ScheduleError::ShardFailed` and `Stats` reports it; the turn's collected tasks are still
+/// handed off (fired timers run), and the core is returned, so that `shutdown` returns the
+/// timers it still holds. No timer is silently lost.
 pub(crate) fn run(
-    mut core: ShardCore,
+    core: ShardCore,
     dispatch: Dispatch,
     ordinal: usize,
     pin: Option<core_affinity::CoreId>,
@@ -110,30 +117,77 @@ pub(crate) fn run(
             .pinned
             .store(pinned, std::sync::atomic::Ordering::Relaxed);
     }
+    let mut core = Some(core);
+    let mut handoff = Handoff::default();
+    // Under loom a panic is the model checker's own report: let it through.
+    #[cfg(loom)]
+    turns(&mut core, &mut handoff, &dispatch);
+    #[cfg(not(loom))]
+    {
+        use std::panic::{AssertUnwindSafe, catch_unwind};
+        let outcome = catch_unwind(AssertUnwindSafe(|| {
+            turns(&mut core, &mut handoff, &dispatch);
+        }));
+        if let Err(payload) = outcome {
+            super::executor::drop_uncounted(payload);
+            shared.fail();
+            // Mid-hand-off, the core waits in PARKED_CORE (unless shutdown took it).
+            let parked = core.take().or_else(|| take_parked_core(&shared));
+            core = match parked {
+                Some(parked) => hand_off(parked, &mut handoff, &dispatch),
+                None => {
+                    dispatch.hand_off(&mut handoff, &shared);
+                    None
+                }
+            };
+        }
+    }
+    core
+}
+
+/// The shard's turns, until its inbox closes (the core is left in `slot`) or shutdown takes
+/// the core from user code running on this thread (`slot` is left empty). The core stays in
+/// `slot` (or parked in [`PARKED_CORE`] during a hand-off) so that [`run`] finds it after a
+/// panic.
+fn turns(slot: &mut Option<ShardCore>, handoff: &mut Handoff, dispatch: &Dispatch) {
+    let Some(core) = slot.as_ref() else {
+        return;
+    };
+    let shared = core.shared.clone();
     let clock = &shared.clock;
     let drain_ticks = clock.ticks_in(DRAIN_INTERVAL);
-    let mut handoff = Handoff::default();
     let mut active = false;
     loop {
-        let drained = core.drain_inbox(&mut handoff);
+        #[cfg(debug_assertions)]
+        if shared
+            .fault
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
+        {
+            panic!("shard thread killed on purpose by the test fault hook");
+        }
+        let Some(core) = slot.as_mut() else {
+            return;
+        };
+        let drained = core.drain_inbox(handoff);
         shared.inbox.consumed(drained);
         active |= drained > 0;
-        core.expire(
-            clock.now_tick(),
-            &mut handoff,
-            dispatch.spill_every(),
-            |tasks| dispatch.spill(tasks, &shared),
-        );
+        core.expire(clock.now_tick(), handoff, dispatch.spill_every(), |tasks| {
+            dispatch.spill(tasks, &shared)
+        });
         core.flush_counters();
         if !handoff.is_empty() {
-            core = hand_off(core, &mut handoff, &dispatch)?;
+            let Some(taken) = slot.take() else { return };
+            *slot = hand_off(taken, handoff, dispatch);
         }
+        let Some(core) = slot.as_mut() else {
+            return;
+        };
         // Housekeeping after the hand-off, so that expired tasks never wait for it.
         core.cascade_ahead();
         let now = clock.now_tick();
         core.release_idle_memory(now);
         if shared.inbox.is_closed() {
-            return Some(core);
+            return;
         }
         if drained == DRAIN_BATCH {
             continue;
@@ -153,7 +207,7 @@ pub(crate) fn run(
         };
         active = false;
         match shared.inbox.park(wake, clock.until_tick(wake), long) {
-            ParkOutcome::Closed => return Some(core),
+            ParkOutcome::Closed => return,
             // Counted but not in the queue yet: its pusher is between push and count.
             ParkOutcome::MessagesWaiting if drained == 0 => thread::yield_now(),
             ParkOutcome::MessagesWaiting | ParkOutcome::Woke => {}
