@@ -104,6 +104,16 @@
 //! fails, or the submitter's add sees the parked flag and wakes the shard if its message is due
 //! before the shard's wake-up (or the shard sleeps long). No wake-up is lost.
 //!
+//! # User code
+//!
+//! Tasks (run or dropped), wakers and panic payloads are user code; the engine calls it only
+//! through one containment helper, which catches and counts a panic, so that user code can
+//! never take a shard or the process down: see "Containing user code" in the executor's
+//! documentation (`engine/executor.rs`), where every such call site is listed. A shard thread
+//! that dies anyway (an engine bug) is marked failed: `Stats::failed_shards` reports it,
+//! schedules routed to it fail with `ScheduleError::ShardFailed`, and shutdown returns the
+//! timers it held (see `engine/worker.rs`).
+//!
 //! # Shutdown
 //!
 //! `shutdown()` closes every inbox (a flag in the same signal word), joins the shard threads

@@ -48,7 +48,8 @@ fn far_future(now: Instant) -> Instant {
 /// * **Sleeping.** A shard sleeps until its next deadline, or until a submission needs it
 ///   earlier; an idle engine uses no CPU.
 /// * **Expiry.** Expired tasks go in batches to a rayon pool (or run inline on the shard thread,
-///   for tasks that only wake something); a panicking task is caught and counted.
+///   for tasks that only wake something). User code that panics (a task, its destructor, a
+///   waker) is caught and counted: see [user code](crate::design#user-code).
 ///
 /// Deadlines round up to the tick (default 1 ms): a task never runs before its deadline.
 ///

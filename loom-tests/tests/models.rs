@@ -385,3 +385,107 @@ fn slot_release_vs_free_and_allocate() {
         }
     });
 }
+
+/// What a task that shuts the engine down from inside saw: it ran, and ran every timer its
+/// `shutdown()` returned.
+struct ShutdownInside {
+    /// Runs of the task that calls `shutdown()` (it must run exactly once: by the engine, or
+    /// by whoever's `shutdown()` returned it).
+    ran: AtomicUsize,
+    /// Runs of the hour-long timer (returned by exactly one `shutdown()`, then run).
+    hour: AtomicUsize,
+    /// Notified when the task is done.
+    done: Notify,
+}
+
+/// Schedules the hour-long timer and a timer due at `due` whose task calls `shutdown()` on a
+/// clone of `timer` and runs what it returns.
+fn schedule_shutdown_inside(timer: &Timer, due: Instant) -> Arc<ShutdownInside> {
+    let seen = Arc::new(ShutdownInside {
+        ran: AtomicUsize::new(0),
+        hour: AtomicUsize::new(0),
+        done: Notify::new(),
+    });
+    {
+        let seen = seen.clone();
+        timer
+            .schedule(Duration::from_secs(3600), move || {
+                seen.hour.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+    }
+    {
+        let (seen, clone) = (seen.clone(), timer.clone());
+        timer
+            .schedule_at(due, move || {
+                for unfired in clone.shutdown() {
+                    unfired.run();
+                }
+                seen.ran.fetch_add(1, Ordering::SeqCst);
+                seen.done.notify();
+            })
+            .unwrap();
+    }
+    seen
+}
+
+/// Runs what `shutdown()` returned, waits until the task that shuts down from inside is done
+/// (it may still be running on another thread when its shutdown won), and checks that no timer
+/// was lost or run twice.
+fn check_shutdown_inside(unfired: Vec<shardwheel::UnfiredTimer>, seen: &ShutdownInside) {
+    for unfired in unfired {
+        unfired.run();
+    }
+    // Loom's Notify may wake spuriously: wait for the count itself.
+    while seen.ran.load(Ordering::SeqCst) == 0 {
+        seen.done.wait();
+    }
+    assert_eq!(seen.ran.load(Ordering::SeqCst), 1, "the task ran twice");
+    assert_eq!(
+        seen.hour.load(Ordering::SeqCst),
+        1,
+        "the hour-long timer was returned {} times",
+        seen.hour.load(Ordering::SeqCst)
+    );
+}
+
+/// Model 9: `shutdown()` from inside a task running inline on the shard's own worker thread,
+/// racing a `shutdown()` from the user's thread: neither deadlocks (the worker must not join
+/// itself), the pending timer is returned exactly once, and the task runs exactly once.
+#[test]
+fn shutdown_inside_an_inline_task() {
+    model(|| {
+        let timer = Timer::builder()
+            .shards(1)
+            .levels(2)
+            .executor(Executor::Inline)
+            .pin_threads(false)
+            .build()
+            .expect("valid configuration");
+        // Due at once (the worker reads the real time; loom parks without timeouts).
+        let seen = schedule_shutdown_inside(&timer, Instant::now() - Duration::from_secs(1));
+        let unfired = timer.shutdown();
+        check_shutdown_inside(unfired, &seen);
+    });
+}
+
+/// Model 10: `shutdown()` from inside a task run off the shard's thread while the shard is
+/// being driven (as a pool thread runs tasks; under loom the pool is modelled by a manual
+/// clock's `advance` on another thread, which runs the turn's tasks after letting go of the
+/// shard), racing a `shutdown()` from the user's thread: no deadlock, the pending timer is
+/// returned exactly once, and the task runs exactly once.
+#[test]
+fn shutdown_inside_a_task_off_the_shard_thread() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let seen = schedule_shutdown_inside(&timer, clock.now() + MILLISECOND);
+        let driver = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(2 * MILLISECOND))
+        };
+        let unfired = timer.shutdown();
+        driver.join().unwrap();
+        check_shutdown_inside(unfired, &seen);
+    });
+}

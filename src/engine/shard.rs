@@ -97,6 +97,7 @@ impl ShardShared {
 
     /// Marks the shard failed, then closes its inbox: a submitter that finds the inbox closed
     /// then also finds it failed (the close orders the two), and says so.
+    #[cfg_attr(loom, allow(dead_code))] // Under loom the worker lets a panic through.
     pub(crate) fn fail(&self) {
         self.counters
             .failed
@@ -225,6 +226,16 @@ impl ShardShared {
                     self.count_cancelled(1);
                 }
             }
+            drop_contained(self, message);
+        }
+    }
+}
+
+impl Drop for ShardShared {
+    /// Messages still queued (only when a failed shard's core could not be closed) hold tasks:
+    /// user code, dropped contained.
+    fn drop(&mut self) {
+        while let Some(message) = self.inbox.pop() {
             drop_contained(self, message);
         }
     }
