@@ -48,9 +48,10 @@ impl std::error::Error for BuildError {
     }
 }
 
-/// Why a timer was not scheduled. Its task never runs and no counter moved. The task is dropped
-/// before `schedule` returns, except when the schedule lost a race with `shutdown()`: then it is
-/// dropped by the time `shutdown()` returns.
+/// Why a timer was not scheduled. Its task never runs and no counter moved (except
+/// [`Stats::panicked`](crate::Stats::panicked), if dropping the task panicked). The task is
+/// dropped before `schedule` returns, except when the schedule lost a race with `shutdown()` or
+/// with the failure of its shard: then it is dropped by the time `shutdown()` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ScheduleError {
