@@ -7,7 +7,7 @@
 //! when it is dropped unrun (everything it captured has a destructor), repeating tasks, the
 //! `Waker` a [`Sleep`](crate::Sleep) wakes (and drops), and the payload of any of their panics
 //! (whose own destructor may panic again). The engine calls into it in one way only: through
-//! [`contain`], which catches a panic, counts it in [`Stats::panicked`](crate::Stats::panicked)
+//! [`contain`] (or its uncounted twin [`drop_uncounted`], where no shard is at hand), which catches a panic, counts it in [`Stats::panicked`](crate::Stats::panicked)
 //! and drops its payload inside a second guard (a payload whose destructor panics too is
 //! forgotten: leaked, never dropped). So a user panic never unwinds into the engine: no shard
 //! thread dies of one, and no pool job lets one escape (rayon aborts the process on a panic
@@ -80,8 +80,9 @@ pub(crate) fn drop_contained<T>(shard: &ShardShared, value: T) {
     contain(shard, move || drop(value));
 }
 
-/// Drops user code's `value` where no shard is at hand to count a panic (only a `Handoff`
-/// dropped with tasks still in it, which the engine never does but while failing).
+/// Drops `value` under the same guards as [`contain`], counting nothing: for a `Handoff`
+/// dropped with tasks still in it (no shard at hand; only when the engine itself failed
+/// mid-turn), and for the payload of an engine panic.
 pub(crate) fn drop_uncounted<T>(value: T) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
         drop_payload(payload);
