@@ -17,7 +17,8 @@ pub enum BuildError {
     },
     /// A shard thread could not be started.
     Spawn(std::io::Error),
-    /// The default rayon pool could not be built.
+    /// The default rayon pool could not be built. No longer returned: the pool starts with the
+    /// first closure task, and failing that is [`ScheduleError::ExecutorUnavailable`].
     ThreadPool(String),
 }
 
@@ -60,6 +61,9 @@ pub enum ScheduleError {
     Full,
     /// A repeating timer or interval with a zero period.
     ZeroPeriod,
+    /// The engine's executor pool could not be started (no threads to be had). The next
+    /// closure schedule tries again.
+    ExecutorUnavailable,
 }
 
 impl fmt::Display for ScheduleError {
@@ -71,6 +75,9 @@ impl fmt::Display for ScheduleError {
             }
             ScheduleError::ZeroPeriod => {
                 write!(f, "a repeating timer needs a period longer than zero")
+            }
+            ScheduleError::ExecutorUnavailable => {
+                write!(f, "the executor pool could not be started")
             }
         }
     }
