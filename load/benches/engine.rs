@@ -1,7 +1,7 @@
 //! Benchmarks of the whole engine (threads, inboxes, executor) against two other timer designs,
 //! with T submitting threads (`1..=cores`) and, for shardwheel, S shards (`1..=cores`).
 //!
-//! Groups (the operations of `WORKLOADS.md`, at bench scale), each with
+//! Groups (the operations of `load/WORKLOADS.md`, at bench scale), each with
 //! `BenchmarkId::new(implementation, threads)`:
 //!
 //! * `churn` (W1): each thread owns a pool of [`CHURN_POOL`] pending timers (delays uniform in

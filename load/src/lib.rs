@@ -1,8 +1,8 @@
 //! `shardwheel-load`: the load generator that reproduces shardwheel's performance numbers, and
-//! the baselines it (and the engine bench, `benches/engine.rs`) compares shardwheel with.
+//! the baselines it (and the engine bench, `load/benches/engine.rs`) compares shardwheel with.
 //!
-//! Runs the five workloads of [`WORKLOADS.md`](../WORKLOADS.md) (churn, storm, memory, idle,
-//! reset) on 1..=cores submitting threads, prints a live progress bar per workload and then a
+//! Runs the five workloads of `load/WORKLOADS.md` (churn, storm, memory, idle, reset) on
+//! 1..=cores submitting threads, prints a live progress bar per workload and then a
 //! report, and optionally writes JSON lines (`--json`), an SVG chart (`--plot`) and the same
 //! workloads on baselines (`--compare tokio,heap`). `--help` lists the flags.
 //!

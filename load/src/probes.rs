@@ -1,4 +1,4 @@
-//! The limit probes of WORKLOADS.md: what any cross-thread design pays at least.
+//! The limit probes of `load/WORKLOADS.md`: what any cross-thread design pays at least.
 
 use crate::args::Config;
 use crate::progress::Bar;

@@ -1,5 +1,5 @@
-//! The five workloads of WORKLOADS.md, generic over the system under test. Each run builds a
-//! fresh engine (default configuration) and shuts it down afterwards.
+//! The five workloads of `load/WORKLOADS.md`, generic over the system under test. Each run
+//! builds a fresh engine (default configuration) and shuts it down afterwards.
 
 use crate::args::{Config, Workload};
 use crate::job::{Job, StormSink, plain_fires};
