@@ -17,7 +17,8 @@ pub enum BuildError {
     },
     /// A shard thread could not be started.
     Spawn(std::io::Error),
-    /// The default rayon pool could not be built.
+    /// The default rayon pool could not be built. No longer returned: the pool starts with the
+    /// first closure task, and failing that is [`ScheduleError::ExecutorUnavailable`].
     ThreadPool(String),
 }
 
@@ -64,6 +65,9 @@ pub enum ScheduleError {
     /// The shard this schedule was routed to has failed: its thread died (an engine bug; see
     /// [`ShardStats::failed`](crate::ShardStats::failed)).
     ShardFailed,
+    /// The engine's executor pool could not be started (no threads to be had). The next
+    /// closure schedule tries again.
+    ExecutorUnavailable,
 }
 
 impl fmt::Display for ScheduleError {
@@ -78,6 +82,9 @@ impl fmt::Display for ScheduleError {
             }
             ScheduleError::ShardFailed => {
                 write!(f, "the timer engine's shard for this schedule has failed")
+            }
+            ScheduleError::ExecutorUnavailable => {
+                write!(f, "the executor pool could not be started")
             }
         }
     }

@@ -110,7 +110,9 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Runs a concurrency test: under `--cfg loom` as a loom model exploring every interleaving
-/// (within `LOOM_MAX_PREEMPTIONS`), otherwise once as a plain test.
+/// (within `LOOM_MAX_PREEMPTIONS`), otherwise once as a plain test. Public only under loom (for
+/// `loom-tests`); unused by the crate's own tests otherwise.
+#[cfg_attr(not(loom), allow(dead_code))]
 pub fn model<F>(test: F)
 where
     F: Fn() + Sync + Send + 'static,

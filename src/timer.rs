@@ -2,7 +2,7 @@
 
 use crate::TimerHandle;
 use crate::clock::{Clock, Driven, TickClock};
-use crate::engine::executor::{Dispatch, Executor};
+use crate::engine::executor::{Dispatch, Executor, Pool};
 use crate::engine::shard::{PendingLimit, ShardCore, ShardShared, UnfiredTimer};
 use crate::engine::{Drive, Engine, worker};
 use crate::error::{BuildError, ScheduleError};
@@ -102,7 +102,8 @@ impl std::fmt::Debug for Timer {
 }
 
 impl Timer {
-    /// A timer with every default: one shard per core, 1 ms tick, pinned threads, no limit.
+    /// A timer with every default: one shard per CPU this process may use, 1 ms tick, pinned
+    /// threads, no limit.
     pub fn new() -> Result<Timer, BuildError> {
         Timer::builder().build()
     }
@@ -118,6 +119,7 @@ impl Timer {
         F: FnOnce() + Send + 'static,
     {
         let engine = &self.inner.engine;
+        engine.dispatch.ready_for_closures()?;
         engine.submit(engine.clock.tick_after(delay), Task::new(task))
     }
 
@@ -128,6 +130,7 @@ impl Timer {
         F: FnOnce() + Send + 'static,
     {
         let engine = &self.inner.engine;
+        engine.dispatch.ready_for_closures()?;
         engine.submit(engine.clock.tick_at(deadline), Task::new(task))
     }
 
@@ -196,6 +199,7 @@ impl Timer {
         F: FnMut() + Send + 'static,
     {
         let engine = &self.inner.engine;
+        engine.dispatch.ready_for_closures()?;
         let first_due = engine
             .clock
             .now_nanos()
@@ -348,7 +352,8 @@ impl Default for Builder {
 }
 
 impl Builder {
-    /// Number of shards (default: number of cores). Zero is an error.
+    /// Number of shards (default: [`std::thread::available_parallelism`], the CPUs this
+    /// process may use, or 1 if unknown). Zero is an error.
     pub fn shards(mut self, shards: usize) -> Builder {
         self.shards = Some(shards);
         self
@@ -360,8 +365,10 @@ impl Builder {
         self
     }
 
-    /// Whether to pin each shard thread to a core (default true). Best effort: where pinning
-    /// fails, the thread runs unpinned and [`Stats::pinned`] says so.
+    /// Whether to pin each shard thread to a CPU (default true): shard `i` to the `i`-th CPU
+    /// (modulo their count) of the set the building thread may run on (its affinity mask, which
+    /// reflects `taskset` and cgroup cpusets; `sched_getaffinity` on Linux). Best effort: where
+    /// pinning fails, the thread runs unpinned and [`Stats::pinned`] says so.
     pub fn pin_threads(mut self, pin: bool) -> Builder {
         self.pin_threads = pin;
         self
@@ -395,7 +402,8 @@ impl Builder {
 
     /// Starts the engine.
     pub fn build(self) -> Result<Timer, BuildError> {
-        let shard_count = self.shards.unwrap_or_else(num_cpus::get);
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        let shard_count = self.shards.unwrap_or(cpus);
         if shard_count == 0 {
             return Err(BuildError::NoShards);
         }
@@ -411,15 +419,8 @@ impl Builder {
             Dispatch::Inline
         } else {
             match self.executor {
-                Executor::DefaultPool => {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(num_cpus::get())
-                        .thread_name(|index| format!("shardwheel-exec-{index}"))
-                        .build()
-                        .map_err(|error| BuildError::ThreadPool(error.to_string()))?;
-                    Dispatch::Pool(registry::Arc::new(pool))
-                }
-                Executor::ThreadPool(pool) => Dispatch::Pool(pool),
+                Executor::DefaultPool => Dispatch::Pool(registry::Arc::new(Pool::deferred(cpus))),
+                Executor::ThreadPool(pool) => Dispatch::Pool(registry::Arc::new(Pool::given(pool))),
                 Executor::Inline => Dispatch::Inline,
             }
         };

@@ -314,7 +314,7 @@ impl std::task::Wake for NamingWaker {
 #[test]
 fn the_wake_up_runs_on_the_shard_thread() {
     // Default executor: the engine's own rayon pool, whose threads are named
-    // `shardwheel-exec-N`; the sleep's waker must not be woken there.
+    // `shardwheel-pool-N`; the sleep's waker must not be woken there.
     let timer = Timer::builder().shards(1).build().unwrap();
     let naming = Arc::new(NamingWaker(std::sync::Mutex::new(None)));
     let waker = std::task::Waker::from(naming.clone());

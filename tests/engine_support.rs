@@ -46,8 +46,8 @@ pub fn threads_named(prefix: &str) -> usize {
 
 /// Shard threads are named `shardwheel-shard-N`; Linux keeps 15 bytes of a thread's name.
 pub const SHARD_THREAD: &str = "shardwheel-shar";
-/// Executor pool threads are named `shardwheel-exec-N`.
-pub const EXEC_THREAD: &str = "shardwheel-exec";
+/// Executor pool threads are named `shardwheel-pool-N` (15 bytes: kept whole but the `-N`).
+pub const EXEC_THREAD: &str = "shardwheel-pool";
 
 /// Resident set size of this process, in pages (second field of `/proc/self/statm`).
 pub fn resident_pages() -> u64 {

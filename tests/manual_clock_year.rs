@@ -50,7 +50,7 @@ fn delays(rng: &mut Rng, count: usize, max_ms: u64) -> Vec<u64> {
     for _ in 0..count {
         let bit = rng.between(0, top_bit);
         let millis = rng.between(1 << bit, (2 << bit) - 1).min(max_ms);
-        let nanos = if rng.next_u64() % 2 == 0 {
+        let nanos = if rng.next_u64().is_multiple_of(2) {
             millis * MS
         } else {
             millis * MS - rng.between(0, MS - 1)

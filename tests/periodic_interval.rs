@@ -96,7 +96,7 @@ fn block_after_the_first_tick(missed: MissedTicks, count: usize) -> Ticks {
 }
 
 fn on_the_grid(origin: Instant, due: Instant) -> bool {
-    (due - origin).as_nanos() % PERIOD.as_nanos() == 0
+    (due - origin).as_nanos().is_multiple_of(PERIOD.as_nanos())
 }
 
 #[test]

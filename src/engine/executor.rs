@@ -33,7 +33,9 @@
 //! rule, not the engine's).
 
 use super::shard::{Handoff, RepeatingRun, ShardShared};
+use crate::error::ScheduleError;
 use crate::sync::Arc;
+use crate::sync::OnceLock;
 use crate::sync::registry;
 use crate::task::Task;
 use std::any::Any;
@@ -44,7 +46,10 @@ use std::sync::atomic::Ordering;
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
 pub enum Executor {
-    /// A rayon pool owned by the engine, with one thread per core (the default).
+    /// A rayon pool owned by the engine (the default), with one thread per CPU this process may
+    /// use ([`std::thread::available_parallelism`]), named `shardwheel-pool-N`. It is started
+    /// when the first closure task is scheduled: futures alone (`sleep`, `timeout`,
+    /// `interval`) never start it.
     #[default]
     DefaultPool,
     /// The caller's own rayon pool.
@@ -57,8 +62,57 @@ pub enum Executor {
 /// The executor as the shards use it.
 #[derive(Clone, Debug)]
 pub(crate) enum Dispatch {
-    Pool(registry::Arc<rayon::ThreadPool>),
+    Pool(registry::Arc<Pool>),
     Inline,
+}
+
+/// A rayon pool, the caller's or the engine's own; the engine's is built by the first
+/// [`Dispatch::ready_for_closures`], on the scheduling thread.
+///
+/// Every closure task's schedule calls `ready_for_closures` before it sends the task, so a
+/// shard that holds a closure task always finds the pool built (the inbox orders the two).
+#[derive(Debug)]
+pub(crate) struct Pool {
+    pool: OnceLock<registry::Arc<rayon::ThreadPool>>,
+    /// Threads of the engine's own pool.
+    threads: usize,
+}
+
+impl Pool {
+    /// The caller's pool.
+    pub(crate) fn given(pool: registry::Arc<rayon::ThreadPool>) -> Pool {
+        Pool {
+            pool: OnceLock::from(pool),
+            threads: 0,
+        }
+    }
+
+    /// The engine's own pool of `threads` threads, not started yet.
+    pub(crate) fn deferred(threads: usize) -> Pool {
+        Pool {
+            pool: OnceLock::new(),
+            threads,
+        }
+    }
+
+    /// The pool, started now if needed. A failed start is retried by the next call.
+    fn start(&self) -> Result<&rayon::ThreadPool, ScheduleError> {
+        if let Some(pool) = self.pool.get() {
+            return Ok(pool);
+        }
+        let built = rayon::ThreadPoolBuilder::new()
+            .num_threads(self.threads)
+            .thread_name(|index| format!("shardwheel-pool-{index}"))
+            .build()
+            .map_err(|_| ScheduleError::ExecutorUnavailable)?;
+        // A concurrent start may have won: then `built` is dropped and its threads end.
+        Ok(self.pool.get_or_init(|| registry::Arc::new(built)))
+    }
+
+    /// The pool if it has started.
+    fn started(&self) -> Option<&rayon::ThreadPool> {
+        self.pool.get().map(|pool| &**pool)
+    }
 }
 
 /// Calls user code (running or dropping it: see [Containing user code](self#containing-user-code)).
@@ -138,24 +192,37 @@ pub(crate) fn run_repeating(run: RepeatingRun, shard: &ShardShared) {
 }
 
 impl Dispatch {
+    /// Makes sure expired closure tasks will have somewhere to run: starts the engine's pool if
+    /// it has not started. Called by every schedule of a closure task, before it is sent.
+    #[inline]
+    pub(crate) fn ready_for_closures(&self) -> Result<(), ScheduleError> {
+        match self {
+            Dispatch::Pool(pool) => pool.start().map(drop),
+            Dispatch::Inline => Ok(()),
+        }
+    }
+
     /// How many expired one-shot tasks a shard collects before handing them over mid-turn
-    /// (see [`spill`](Self::spill)).
+    /// (see [`spill`](Self::spill)); never while the pool has not started.
     pub(crate) fn spill_every(&self) -> usize {
         match self {
-            Dispatch::Pool(_) => SPILL_EVERY,
-            Dispatch::Inline => usize::MAX,
+            Dispatch::Pool(pool) if pool.started().is_some() => SPILL_EVERY,
+            Dispatch::Pool(_) | Dispatch::Inline => usize::MAX,
         }
     }
 
     /// Hands one-shot tasks to the pool in the middle of a turn. Runs no user code here.
     pub(crate) fn spill(&self, tasks: Vec<Task>, shard: &Arc<ShardShared>) {
-        if let Dispatch::Pool(pool) = self {
+        if let Dispatch::Pool(pool) = self
+            && let Some(pool) = pool.started()
+        {
             let shard = shard.clone();
             pool.spawn(move || {
                 contain(&shard, || run_batch(tasks, &shard));
             });
         } else {
-            debug_assert!(false, "inline dispatch never spills");
+            // Unreachable: `spill_every` is `usize::MAX` here.
+            debug_assert!(false, "spill without a started pool");
         }
     }
 
@@ -165,8 +232,12 @@ impl Dispatch {
     pub(crate) fn hand_off(&self, handoff: &mut Handoff, shard: &Arc<ShardShared>) {
         let expired = std::mem::take(&mut handoff.expired);
         let repeating = std::mem::take(&mut handoff.repeating);
-        match self {
-            Dispatch::Pool(pool) if !(expired.is_empty() && repeating.is_empty()) => {
+        let pool = match self {
+            Dispatch::Pool(pool) => pool.started(),
+            Dispatch::Inline => None,
+        };
+        match pool {
+            Some(pool) if !(expired.is_empty() && repeating.is_empty()) => {
                 let shard = shard.clone();
                 pool.spawn(move || {
                     use rayon::prelude::*;
@@ -178,8 +249,10 @@ impl Dispatch {
                     });
                 });
             }
-            Dispatch::Pool(_) => {}
-            Dispatch::Inline => {
+            Some(_) => {}
+            // Inline dispatch; or a closure task without a started pool, which
+            // `ready_for_closures` rules out: then it runs here rather than not at all.
+            None => {
                 for task in expired {
                     run_task(task, shard);
                 }

@@ -138,10 +138,10 @@ impl ShardShared {
         if shard.inbox.is_closed() {
             return refuse(task, shard.closed_error());
         }
-        if let Some(limit) = &shard.limit {
-            if !limit.try_reserve() {
-                return refuse(task, ScheduleError::Full);
-            }
+        if let Some(limit) = &shard.limit
+            && !limit.try_reserve()
+        {
+            return refuse(task, ScheduleError::Full);
         }
         let Some((index, generation)) = shard.slots.allocate() else {
             if let Some(limit) = &shard.limit {
@@ -221,10 +221,10 @@ impl ShardShared {
     pub(crate) fn discard_late_messages(&self) {
         while let Some(message) = self.inbox.pop() {
             // The shard will never apply these: end the repeating timers they hand back.
-            if let Message::Rearm { index, .. } = message {
-                if self.slots.end_run_after_shutdown(index) {
-                    self.count_cancelled(1);
-                }
+            if let Message::Rearm { index, .. } = message
+                && self.slots.end_run_after_shutdown(index)
+            {
+                self.count_cancelled(1);
             }
             drop_contained(self, message);
         }

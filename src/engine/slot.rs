@@ -971,7 +971,9 @@ impl SlotTable {
             let word = self.free_word(link - 1, handed_out)?;
             newest = newest.max(generation_of(word).wrapping_sub(base) & GENERATION_MASK);
             count += 1;
-            if count % WALK_CHECK_EVERY == 0 && self.free_head.load(Ordering::Relaxed) != head {
+            if count.is_multiple_of(WALK_CHECK_EVERY)
+                && self.free_head.load(Ordering::Relaxed) != head
+            {
                 return None;
             }
             link = ((word & NEXT_FREE_MASK) >> NEXT_FREE_SHIFT) as u32;

@@ -80,12 +80,13 @@ pub(crate) fn hand_off(
     dispatch: &Dispatch,
 ) -> Option<ShardCore> {
     let shared = core.shared.clone();
-    if let Dispatch::Pool(_) = dispatch {
-        if handoff.inline.is_empty() && handoff.dropped.is_empty() {
-            // Nothing runs on this thread: no need to park the core.
-            dispatch.hand_off(handoff, &shared);
-            return Some(core);
-        }
+    if let Dispatch::Pool(_) = dispatch
+        && handoff.inline.is_empty()
+        && handoff.dropped.is_empty()
+    {
+        // Nothing runs on this thread: no need to park the core.
+        dispatch.hand_off(handoff, &shared);
+        return Some(core);
     }
     PARKED_CORE.with(|parked| *parked.borrow_mut() = Some(core));
     dispatch.hand_off(handoff, &shared);

@@ -1,5 +1,11 @@
 //! A single-threaded hierarchical timing wheel: the heart of each shard.
 //!
+//! [`Wheel`] is a supported standalone API, under the same semver promise as [`Timer`](crate::Timer):
+//! use it directly where one thread owns its timers and passes time in as ticks (an event loop,
+//! a simulation). The engine's shards run the same core with their own storage; the property
+//! tests (`tests/wheel_model.rs`, `tests/wheel_big.rs`) and `benches/wheel.rs` exercise this
+//! public API.
+//!
 //! # How it works
 //!
 //! This is the hierarchical timing wheel of Varghese & Lauck ("Hashed and Hierarchical Timing

@@ -11,33 +11,33 @@ use std::time::Instant;
 static PLAIN_FIRES: AtomicU64 = AtomicU64::new(0);
 
 /// How many plain (non-storm) tasks ran so far.
-pub(crate) fn plain_fires() -> u64 {
+pub fn plain_fires() -> u64 {
     PLAIN_FIRES.load(Ordering::Relaxed)
 }
 
 /// The body of a plain task.
 #[inline]
-pub(crate) fn fire_plain(id: u64) {
+pub fn fire_plain(id: u64) {
     std::hint::black_box(id);
     PLAIN_FIRES.fetch_add(1, Ordering::Relaxed);
 }
 
 /// One timer's task, as handed to each system under test.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Job {
+pub struct Job {
     pub(crate) id: u64,
     pub(crate) sink: Option<&'static StormSink>,
 }
 
 impl Job {
     /// A task that captures only its id.
-    pub(crate) fn plain(id: u64) -> Job {
+    pub fn plain(id: u64) -> Job {
         Job { id, sink: None }
     }
 
     /// Runs the task.
     #[inline]
-    pub(crate) fn run(self) {
+    pub fn run(self) {
         match self.sink {
             Some(sink) => sink.record(self.id),
             None => fire_plain(self.id),
@@ -48,7 +48,7 @@ impl Job {
 /// The storm's per-timer records, preallocated before scheduling starts and leaked so that a
 /// task can point at them with a plain `&'static` (no reference count touched per timer).
 #[derive(Debug)]
-pub(crate) struct StormSink {
+pub struct StormSink {
     /// The storm's start; set once, before any timer is scheduled.
     pub(crate) start: OnceLock<Instant>,
     /// Deadline of timer `id`, in nanoseconds after `start`.

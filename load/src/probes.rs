@@ -1,4 +1,4 @@
-//! The limit probes of WORKLOADS.md: what any cross-thread design pays at least.
+//! The limit probes of `load/WORKLOADS.md`: what any cross-thread design pays at least.
 
 use crate::args::Config;
 use crate::progress::Bar;
@@ -48,7 +48,7 @@ fn local_insert(seconds: f64) -> f64 {
     const SLOTS: usize = 4096;
     const ROUND: usize = 1 << 20;
     let mut slots: Vec<Vec<u64>> = (0..SLOTS).map(|_| Vec::new()).collect();
-    let mut rng = fastrand::Rng::with_seed(7);
+    let mut rng = crate::rng::Rng::with_seed(7);
     let length = Duration::from_secs_f64(seconds);
     let start = Instant::now();
     let mut inserts = 0u64;

@@ -1,39 +1,29 @@
-//! The five workloads of WORKLOADS.md, generic over the system under test. Each run builds a
-//! fresh engine (default configuration) and shuts it down afterwards.
+//! The five workloads of `load/WORKLOADS.md`, generic over the system under test. Each run
+//! builds a fresh engine (default configuration) and shuts it down afterwards.
 
 use crate::args::{Config, Workload};
 use crate::job::{Job, StormSink, plain_fires};
 use crate::measure::{process_cpu_time, settled_rss, trim_allocator};
 use crate::progress::{Bar, Counters, watch_counts, watch_time};
 use crate::report::{Histogram, Report, anomaly};
+use crate::rng::{Rng, for_thread as rng_for, uniform};
 use crate::system::System;
 use std::sync::Barrier;
 use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-const SEED: u64 = 0x5EED_CAFE_F00D;
 const SECOND: u64 = 1_000_000_000;
 /// How often timed loops look at the clock.
 const CHECK_EVERY: usize = 64;
 /// How often workers publish their progress.
 const PUBLISH_EVERY: usize = 4096;
 
-fn rng_for(thread: usize) -> fastrand::Rng {
-    fastrand::Rng::with_seed(SEED ^ (thread as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15))
-}
-
-/// A uniform delay in `[low, high]` seconds.
-#[inline]
-fn uniform(rng: &mut fastrand::Rng, low: u64, high: u64) -> Duration {
-    Duration::from_nanos(rng.u64(low * SECOND..=high * SECOND))
-}
-
 /// "1M", "10M", "250k", or the plain count: the suffix of the memory workload's name.
 pub(crate) fn size_label(n: usize) -> String {
-    if n % 1_000_000 == 0 {
+    if n.is_multiple_of(1_000_000) {
         format!("{}M", n / 1_000_000)
-    } else if n % 1_000 == 0 {
+    } else if n.is_multiple_of(1_000) {
         format!("{}k", n / 1_000)
     } else {
         n.to_string()
@@ -107,7 +97,7 @@ fn fill<S: System>(
     bar: &Bar,
     span: (f64, f64),
     label: &str,
-    schedule: impl Fn(&S, &mut fastrand::Rng, usize) -> Option<S::Handle> + Sync,
+    schedule: impl Fn(&S, &mut Rng, usize) -> Option<S::Handle> + Sync,
 ) -> (Instant, Instant) {
     let total = slots.len();
     let counters = Counters::new(threads);
@@ -228,10 +218,10 @@ fn churn<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &
                                 } else {
                                     &mut ring[oldest]
                                 };
-                                if let Some(handle) = slot.take() {
-                                    if !sys.cancel(handle) {
-                                        failed_cancels += 1;
-                                    }
+                                if let Some(handle) = slot.take()
+                                    && !sys.cancel(handle)
+                                {
+                                    failed_cancels += 1;
                                 }
                                 *slot = sys.schedule(uniform(&mut rng, 10, 60), Job::plain(id));
                                 id += 1;
@@ -693,10 +683,10 @@ fn memory<S: System>(config: &Config, n: usize, threads: usize, report: &mut Rep
                         let start = Instant::now();
                         let mut failed = 0u64;
                         for (offset, slot) in slots.iter_mut().enumerate() {
-                            if let Some(handle) = slot.take() {
-                                if !sys.cancel(handle) {
-                                    failed += 1;
-                                }
+                            if let Some(handle) = slot.take()
+                                && !sys.cancel(handle)
+                            {
+                                failed += 1;
                             }
                             if offset % PUBLISH_EVERY == PUBLISH_EVERY - 1 {
                                 counters.set(index, offset as u64 + 1);
@@ -882,10 +872,10 @@ fn reset<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &
                         let (mut resets, mut failed) = (0u64, 0u64);
                         loop {
                             for _ in 0..CHECK_EVERY {
-                                if let Some(handle) = &slots[rng.usize(..c)] {
-                                    if !sys.reset(handle, delay) {
-                                        failed += 1;
-                                    }
+                                if let Some(handle) = &slots[rng.usize(..c)]
+                                    && !sys.reset(handle, delay)
+                                {
+                                    failed += 1;
                                 }
                             }
                             resets += CHECK_EVERY as u64;

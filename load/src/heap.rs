@@ -23,7 +23,7 @@ const FIRED: u64 = 2;
 const STATUS: u64 = 3;
 
 /// One timer: its task and a state word `generation << 2 | status`.
-pub(crate) struct HeapTimer {
+pub struct HeapTimer {
     state: AtomicU64,
     job: Job,
 }
@@ -94,7 +94,7 @@ impl Shared {
 }
 
 /// A `Mutex<BinaryHeap>` timer with one worker thread.
-pub(crate) struct HeapTimerSystem {
+pub struct HeapTimerSystem {
     shared: Arc<Shared>,
     worker: Option<JoinHandle<()>>,
 }

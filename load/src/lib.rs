@@ -1,20 +1,26 @@
-//! `shardwheel-load`: the load generator that reproduces shardwheel's performance numbers.
+//! `shardwheel-load`: the load generator that reproduces shardwheel's performance numbers, and
+//! the baselines it (and the engine bench, `load/benches/engine.rs`) compares shardwheel with.
 //!
-//! Runs the five workloads of `WORKLOADS.md` (churn, storm, memory, idle, reset) on 1..=cores
-//! submitting threads, prints a live progress bar per workload and then a report, and
-//! optionally writes JSON lines (`--json`), an SVG chart (`--plot`) and the same workloads on
-//! baselines (`--compare tokio,heap`). `--help` lists the flags.
+//! Runs the five workloads of `load/WORKLOADS.md` (churn, storm, memory, idle, reset) on
+//! 1..=cores submitting threads, prints a live progress bar per workload and then a
+//! report, and optionally writes JSON lines (`--json`), an SVG chart (`--plot`) and the same
+//! workloads on baselines (`--compare tokio,heap`). `--help` lists the flags.
+//!
+//! The systems under test share one trait, [`system::System`]: shardwheel
+//! ([`system::Shardwheel`]), tokio's timer ([`tokio_timer::TokioTimer`]) and a JDK-style heap
+//! ([`heap::HeapTimerSystem`]); [`rng`] is the random number generator of both.
 
 mod args;
-mod heap;
-mod job;
+pub mod heap;
+pub mod job;
 mod measure;
 mod plot;
 mod probes;
 mod progress;
 mod report;
-mod system;
-mod tokio_timer;
+pub mod rng;
+pub mod system;
+pub mod tokio_timer;
 mod workloads;
 
 use args::{Baseline, Config, Parsed, Workload};
@@ -27,7 +33,8 @@ use std::time::Instant;
 use system::{Shardwheel, System};
 use tokio_timer::TokioTimer;
 
-fn main() -> ExitCode {
+/// The `shardwheel-load` command: parses the arguments, runs, reports.
+pub fn main() -> ExitCode {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
     if arguments.first().map(String::as_str) == Some(workloads::MEMORY_CHILD_FLAG) {
         return workloads::memory_child(&arguments[1..]);

@@ -6,7 +6,7 @@ use crate::report::anomaly;
 use std::time::{Duration, Instant};
 
 /// A timer implementation under load. Each workload builds a fresh one and shuts it down.
-pub(crate) trait System: Send + Sync + Sized + 'static {
+pub trait System: Send + Sync + Sized + 'static {
     /// What `schedule` returns: cancel, reset.
     type Handle: Send + Sync + 'static;
 
@@ -41,11 +41,21 @@ pub(crate) trait System: Send + Sync + Sized + 'static {
 }
 
 /// shardwheel with its default configuration (`Timer::new()`).
-pub(crate) struct Shardwheel {
+pub struct Shardwheel {
     timer: shardwheel::Timer,
 }
 
 impl Shardwheel {
+    /// Runs `timer` (the engine bench builds it with a given shard count).
+    pub fn with_timer(timer: shardwheel::Timer) -> Shardwheel {
+        Shardwheel { timer }
+    }
+
+    /// The timer under test.
+    pub fn timer(&self) -> &shardwheel::Timer {
+        &self.timer
+    }
+
     fn accepted(
         scheduled: Result<shardwheel::TimerHandle, shardwheel::ScheduleError>,
     ) -> Option<shardwheel::TimerHandle> {

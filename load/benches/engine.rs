@@ -1,7 +1,7 @@
 //! Benchmarks of the whole engine (threads, inboxes, executor) against two other timer designs,
 //! with T submitting threads (`1..=cores`) and, for shardwheel, S shards (`1..=cores`).
 //!
-//! Groups (the operations of `WORKLOADS.md`, at bench scale), each with
+//! Groups (the operations of `load/WORKLOADS.md`, at bench scale), each with
 //! `BenchmarkId::new(implementation, threads)`:
 //!
 //! * `churn` (W1): each thread owns a pool of [`CHURN_POOL`] pending timers (delays uniform in
@@ -13,22 +13,14 @@
 //! * `reset` (W5): each thread owns [`RESET_POOL`] pending timers (30 s delays) and, per
 //!   element, pushes a random one of them back to now + 30 s.
 //!
-//! Implementations:
+//! Implementations: the load generator's systems under test ([`System`], in `load/src`), with
+//! every timer's task a [`Job::plain`] (it captures its u64 id):
 //!
 //! * `shardwheel-1shard`, `shardwheel-2shards`, ...: [`Timer`] with that many shards and every
 //!   other option at its default (1 ms tick, pinned shard threads, a rayon executor).
-//! * `tokio`: a multi-thread tokio runtime (one worker per core, time enabled). A timer is a
-//!   `Box::pin(tokio::time::sleep(d))` polled once with a no-op waker inside the runtime
-//!   context, which registers it in tokio's (sharded, locked) timer wheel; cancel = drop;
-//!   reset = [`tokio::time::Sleep::reset`]. In the storm, each timer is a spawned task that
-//!   awaits its sleep and then counts.
-//! * `heap`: the JDK `ScheduledThreadPoolExecutor` design with one pool thread: a
-//!   `Mutex<BinaryHeap>` of `(deadline, seq)` entries and a `Condvar`-driven worker thread that
-//!   sleeps until the head is due, pops it and runs it (outside the lock). Cancel sets a flag on
-//!   the entry (lazy deletion: the tombstone stays in the heap); reset bumps the entry's
-//!   generation and pushes it again (the old heap item becomes stale). When tombstones and
-//!   stale items outnumber live ones the heap is purged (`retain`), so memory stays bounded
-//!   (what `setRemoveOnCancelPolicy` is for); purges are inside the measured time.
+//! * `tokio`: [`TokioTimer`], tokio's timer on a multi-thread runtime.
+//! * `heap`: [`HeapTimerSystem`], the JDK `ScheduledThreadPoolExecutor` design (lazy deletion:
+//!   cancelled and reset entries stay in the heap until their deadline).
 //!
 //! Timing: `iter_custom` spawns the T threads, which meet at a `Barrier`; the measured time runs
 //! from the first thread leaving the barrier to the last one finishing its share of the
@@ -42,7 +34,7 @@
 //! Engines and pools are built once per benchmark (outside the measured time) and checked
 //! afterwards: shardwheel's [`Stats`](shardwheel::Stats) and shutdown must agree with what the
 //! benchmark did, no cancel or reset of a pending timer may fail, and every storm task must run
-//! exactly once. Each benchmark prints an `audit` line to stderr, starting `ANOMALY` when a
+//! exactly once (the storm counts [`plain_fires`]). Each benchmark prints an `audit` line to stderr, starting `ANOMALY` when a
 //! check failed.
 //!
 //! Settings are modest (10 samples, 0.5 s warm-up, 2 s measurement) so that
@@ -52,16 +44,11 @@
 // `criterion_group!` defines an undocumented `pub fn`.
 #![allow(missing_docs)]
 
-use std::cmp::Ordering as CmpOrdering;
-use std::collections::{BinaryHeap, VecDeque};
-use std::future::Future;
-use std::hint::black_box;
+use std::collections::VecDeque;
 use std::num::NonZero;
 use std::ops::AddAssign;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Condvar, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Waker};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -71,6 +58,11 @@ use criterion::{
     criterion_main,
 };
 use shardwheel::{Timer, TimerHandle};
+use shardwheel_load::heap::HeapTimerSystem;
+use shardwheel_load::job::{Job, plain_fires};
+use shardwheel_load::rng::{self, Rng};
+use shardwheel_load::system::{self, System};
+use shardwheel_load::tokio_timer::TokioTimer;
 
 /// Pending timers per thread in `churn`.
 const CHURN_POOL: usize = 100_000;
@@ -95,29 +87,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// A deterministic pseudo-random sequence (splitmix64), one per thread.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[low, high)` (bias negligible here).
-    fn between(&mut self, low: Duration, high: Duration) -> Duration {
-        let span = (high - low).as_nanos() as u64;
-        low + Duration::from_nanos(self.next() % span)
-    }
-
-    fn index(&mut self, len: usize) -> usize {
-        (self.next() % len as u64) as usize
-    }
-}
-
 /// Counts tasks down to zero and records when the last one ran. Task ids carry the round
 /// ("epoch") in their high 32 bits, so that a task of an earlier round is told apart.
 struct Latch {
@@ -131,8 +100,35 @@ struct Latch {
     signal: Condvar,
 }
 
-/// Counts the storm's tasks (a static, so that a storm task captures nothing but its id).
-static STORM: Latch = Latch::new();
+/// Storm tasks armed so far (in every round of every storm benchmark): [`plain_fires`] must
+/// reach it after each round and never pass it.
+static STORM_ARMED: AtomicU64 = AtomicU64::new(0);
+
+/// Starts a storm round of `count` tasks. Returns a problem if more tasks ran than were armed
+/// (a task ran twice, or a timer of an earlier round fired late).
+fn arm_storm(count: u64) -> Option<String> {
+    let armed = STORM_ARMED.fetch_add(count, Ordering::SeqCst);
+    let ran = plain_fires();
+    (ran != armed).then(|| format!("{ran} storm tasks ran where {armed} were armed"))
+}
+
+/// Waits until every armed storm task has run and returns when that was seen (polled every
+/// 20 µs), or how many had not run after `timeout`.
+fn wait_storm(timeout: Duration) -> Result<Instant, u64> {
+    let give_up = Instant::now() + timeout;
+    let armed = STORM_ARMED.load(Ordering::SeqCst);
+    loop {
+        let ran = plain_fires();
+        let now = Instant::now();
+        if ran >= armed {
+            return Ok(now);
+        }
+        if now >= give_up {
+            return Err(armed - ran);
+        }
+        thread::sleep(Duration::from_micros(20));
+    }
+}
 
 impl Latch {
     const fn new() -> Latch {
@@ -235,27 +231,13 @@ impl AddAssign for Tally {
     }
 }
 
-/// What the benchmarks need from a timer implementation.
+/// What the benchmarks need from a system under test: the load generator's [`System`], and an
+/// audit.
 trait Engine: Sync {
-    /// A pending timer, owned by the thread that scheduled it.
-    type Pending: Send;
+    /// The system under test.
+    type System: System;
 
-    /// Runs a submitting thread's whole body (tokio: inside the runtime context).
-    fn on_thread<R>(&self, body: impl FnOnce() -> R) -> R {
-        body()
-    }
-
-    /// Schedules a trivial task (capturing `id`) `delay` from now.
-    fn schedule(&self, delay: Duration, id: u64) -> Self::Pending;
-
-    /// Cancels a pending timer; false if it was not pending.
-    fn cancel(&self, timer: Self::Pending) -> bool;
-
-    /// Moves a pending timer's deadline to `delay` from now; false if it was not pending.
-    fn reset(&self, timer: &mut Self::Pending, delay: Duration) -> bool;
-
-    /// Schedules a storm task (`STORM.hit(id)`) at `deadline`.
-    fn schedule_storm(&self, deadline: Instant, id: u64);
+    fn system(&self) -> &Self::System;
 
     /// Waits until the engine has applied every operation submitted so far (by threads that
     /// have been joined) and returns when; `None` if operations are applied synchronously.
@@ -268,11 +250,48 @@ trait Engine: Sync {
     fn finish(self, did: Tally) -> (Vec<String>, String);
 }
 
+/// A pending timer of engine `E`, owned by the thread that scheduled it.
+type Pending<E> = <<E as Engine>::System as System>::Handle;
+
+/// Schedules a plain task (capturing `id`) `delay` from now.
+fn schedule<E: Engine>(engine: &E, delay: Duration, id: u64) -> Pending<E> {
+    engine
+        .system()
+        .schedule(delay, Job::plain(id))
+        .expect("schedule refused")
+}
+
+/// A baseline, which does its work synchronously and has nothing to audit.
+struct Baseline<S>(S);
+
+impl<S: System> Baseline<S> {
+    fn new() -> Baseline<S> {
+        Baseline(S::build())
+    }
+}
+
+impl<S: System> Engine for Baseline<S> {
+    type System = S;
+
+    fn system(&self) -> &S {
+        &self.0
+    }
+
+    fn finish(self, _did: Tally) -> (Vec<String>, String) {
+        let started = Instant::now();
+        self.0.shutdown();
+        (
+            Vec::new(),
+            format!("shut down in {:.1?}", started.elapsed()),
+        )
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // shardwheel
 
 struct Shardwheel {
-    timer: Timer,
+    system: system::Shardwheel,
     shards: usize,
     /// One pending timer per shard, which `settle` resets to `past` (see the module docs).
     sentinels: Mutex<Vec<TimerHandle>>,
@@ -291,7 +310,7 @@ impl Shardwheel {
             .build()
             .expect("building the timer");
         let engine = Shardwheel {
-            timer,
+            system: system::Shardwheel::with_timer(timer),
             shards,
             sentinels: Mutex::new(Vec::new()),
             flush: Arc::new(Latch::new()),
@@ -304,8 +323,12 @@ impl Shardwheel {
         engine
     }
 
+    fn timer(&self) -> &Timer {
+        self.system.timer()
+    }
+
     fn scheduled_per_shard(&self) -> Vec<u64> {
-        self.timer
+        self.timer()
             .stats()
             .shards
             .iter()
@@ -339,7 +362,7 @@ impl Shardwheel {
                             // Best effort: where pinning fails, round-robin homes still spread.
                             core_affinity::set_for_current(cores[attempts % cores.len()]);
                         }
-                        self.timer
+                        self.timer()
                             .schedule(SENTINEL_DELAY, move || latch.hit(id))
                             .expect("scheduling a sentinel")
                     })
@@ -367,29 +390,10 @@ impl Shardwheel {
 }
 
 impl Engine for Shardwheel {
-    type Pending = TimerHandle;
+    type System = system::Shardwheel;
 
-    fn schedule(&self, delay: Duration, id: u64) -> TimerHandle {
-        self.timer
-            .schedule(delay, move || {
-                black_box(id);
-            })
-            .expect("schedule failed")
-    }
-
-    fn cancel(&self, timer: TimerHandle) -> bool {
-        timer.cancel()
-    }
-
-    fn reset(&self, timer: &mut TimerHandle, delay: Duration) -> bool {
-        timer.reset(delay)
-    }
-
-    fn schedule_storm(&self, deadline: Instant, id: u64) {
-        let _detached = self
-            .timer
-            .schedule_at(deadline, move || STORM.hit(id))
-            .expect("schedule failed");
+    fn system(&self) -> &system::Shardwheel {
+        &self.system
     }
 
     fn settle(&self) -> Option<Instant> {
@@ -429,7 +433,7 @@ impl Engine for Shardwheel {
         let mut problems = std::mem::take(&mut *lock(&self.problems));
         let mut expected = did;
         expected += *lock(&self.sentinel_tally);
-        let stats = self.timer.stats();
+        let stats = self.timer().stats();
         let checks = [
             ("scheduled", stats.scheduled, expected.scheduled),
             ("cancelled", stats.cancelled, expected.cancelled),
@@ -451,7 +455,7 @@ impl Engine for Shardwheel {
         }
         drop(std::mem::take(&mut *lock(&self.sentinels)));
         let started = Instant::now();
-        let unfired = self.timer.shutdown().len() as u64;
+        let unfired = self.timer().shutdown().len() as u64;
         let shutdown_took = started.elapsed();
         if unfired != pending {
             problems.push(format!(
@@ -470,322 +474,6 @@ impl Engine for Shardwheel {
             self.shards,
         );
         (problems, summary)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// tokio
-
-struct Tokio {
-    runtime: tokio::runtime::Runtime,
-}
-
-impl Tokio {
-    fn new() -> Tokio {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .enable_time()
-            .build()
-            .expect("building the tokio runtime");
-        Tokio { runtime }
-    }
-}
-
-impl Engine for Tokio {
-    type Pending = Pin<Box<tokio::time::Sleep>>;
-
-    fn on_thread<R>(&self, body: impl FnOnce() -> R) -> R {
-        let _context = self.runtime.enter();
-        body()
-    }
-
-    fn schedule(&self, delay: Duration, id: u64) -> Self::Pending {
-        black_box(id);
-        let mut sleep = Box::pin(tokio::time::sleep(delay));
-        // The first poll registers the timer with the driver.
-        let mut context = Context::from_waker(Waker::noop());
-        let _ = sleep.as_mut().poll(&mut context);
-        sleep
-    }
-
-    fn cancel(&self, timer: Self::Pending) -> bool {
-        drop(timer);
-        true
-    }
-
-    fn reset(&self, timer: &mut Self::Pending, delay: Duration) -> bool {
-        timer.as_mut().reset(tokio::time::Instant::now() + delay);
-        true
-    }
-
-    fn schedule_storm(&self, deadline: Instant, id: u64) {
-        let deadline = tokio::time::Instant::from_std(deadline);
-        drop(self.runtime.spawn(async move {
-            tokio::time::sleep_until(deadline).await;
-            STORM.hit(id);
-        }));
-    }
-
-    fn finish(self, _did: Tally) -> (Vec<String>, String) {
-        let started = Instant::now();
-        drop(self.runtime);
-        (
-            Vec::new(),
-            format!("runtime dropped in {:.1?}", started.elapsed()),
-        )
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// heap (the JDK ScheduledThreadPoolExecutor design)
-
-type Job = Box<dyn FnOnce() + Send>;
-
-const PENDING: u8 = 0;
-const FIRED: u8 = 1;
-const CANCELLED: u8 = 2;
-
-/// A scheduled task (the JDK's `ScheduledFutureTask`), shared by its handle and its heap items.
-struct HeapEntry {
-    state: AtomicU8,
-    /// Bumped (under the queue lock) by each reset: heap items of older generations are stale.
-    generation: AtomicU32,
-    job: Mutex<Option<Job>>,
-}
-
-/// An item of the heap: ordered so that the earliest deadline (then the lowest seq) is on top.
-struct Queued {
-    deadline: Instant,
-    seq: u64,
-    generation: u32,
-    entry: Arc<HeapEntry>,
-}
-
-impl Queued {
-    fn is_live(&self) -> bool {
-        self.entry.state.load(Ordering::Acquire) == PENDING
-            && self.generation == self.entry.generation.load(Ordering::Relaxed)
-    }
-}
-
-impl PartialEq for Queued {
-    fn eq(&self, other: &Queued) -> bool {
-        self.cmp(other) == CmpOrdering::Equal
-    }
-}
-
-impl Eq for Queued {}
-
-impl PartialOrd for Queued {
-    fn partial_cmp(&self, other: &Queued) -> Option<CmpOrdering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Queued {
-    fn cmp(&self, other: &Queued) -> CmpOrdering {
-        (other.deadline, other.seq).cmp(&(self.deadline, self.seq))
-    }
-}
-
-struct HeapQueue {
-    heap: BinaryHeap<Queued>,
-    next_seq: u64,
-    /// Items left behind by resets.
-    stale: usize,
-    shutdown: bool,
-}
-
-struct HeapShared {
-    queue: Mutex<HeapQueue>,
-    available: Condvar,
-    /// Successful cancels since the last purge (their items are tombstones).
-    cancelled: AtomicUsize,
-    fired: AtomicU64,
-}
-
-/// Purge no heap smaller than this.
-const PURGE_MIN: usize = 1024;
-
-impl HeapShared {
-    /// Pushes an item for `entry` at `deadline`; wakes the worker if it is the new head.
-    fn push(&self, queue: &mut HeapQueue, deadline: Instant, entry: &Arc<HeapEntry>) {
-        let dead = queue.stale + self.cancelled.load(Ordering::Relaxed);
-        if dead > PURGE_MIN && 2 * dead > queue.heap.len() {
-            self.cancelled.store(0, Ordering::Relaxed);
-            queue.heap.retain(Queued::is_live);
-            queue.stale = 0;
-        }
-        let is_head = queue
-            .heap
-            .peek()
-            .is_none_or(|head| deadline < head.deadline);
-        let seq = queue.next_seq;
-        queue.next_seq += 1;
-        queue.heap.push(Queued {
-            deadline,
-            seq,
-            generation: entry.generation.load(Ordering::Relaxed),
-            entry: entry.clone(),
-        });
-        if is_head {
-            self.available.notify_one();
-        }
-    }
-
-    /// The pool thread: wait for the head's deadline, pop it, run it outside the lock.
-    fn run(&self) {
-        let mut queue = lock(&self.queue);
-        loop {
-            if queue.shutdown {
-                return;
-            }
-            let Some(head) = queue.heap.peek() else {
-                queue = self
-                    .available
-                    .wait(queue)
-                    .unwrap_or_else(PoisonError::into_inner);
-                continue;
-            };
-            let now = Instant::now();
-            if head.deadline > now {
-                let wait = head.deadline - now;
-                queue = self
-                    .available
-                    .wait_timeout(queue, wait)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
-                continue;
-            }
-            let Some(item) = queue.heap.pop() else {
-                continue;
-            };
-            if item.generation != item.entry.generation.load(Ordering::Relaxed) {
-                queue.stale = queue.stale.saturating_sub(1);
-                continue;
-            }
-            let won = item.entry.state.compare_exchange(
-                PENDING,
-                FIRED,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            );
-            if won.is_err() {
-                continue; // a cancelled entry's tombstone
-            }
-            drop(queue);
-            if let Some(job) = lock(&item.entry.job).take() {
-                job();
-                self.fired.fetch_add(1, Ordering::Relaxed);
-            }
-            drop(item);
-            queue = lock(&self.queue);
-        }
-    }
-}
-
-struct HeapTimer {
-    shared: Arc<HeapShared>,
-    worker: Option<thread::JoinHandle<()>>,
-}
-
-impl HeapTimer {
-    fn new() -> HeapTimer {
-        let shared = Arc::new(HeapShared {
-            queue: Mutex::new(HeapQueue {
-                heap: BinaryHeap::new(),
-                next_seq: 0,
-                stale: 0,
-                shutdown: false,
-            }),
-            available: Condvar::new(),
-            cancelled: AtomicUsize::new(0),
-            fired: AtomicU64::new(0),
-        });
-        let worker = {
-            let shared = shared.clone();
-            thread::Builder::new()
-                .name("heap-timer".into())
-                .spawn(move || shared.run())
-                .expect("spawning the heap timer's thread")
-        };
-        HeapTimer {
-            shared,
-            worker: Some(worker),
-        }
-    }
-
-    fn schedule_at(&self, deadline: Instant, job: Job) -> Arc<HeapEntry> {
-        let entry = Arc::new(HeapEntry {
-            state: AtomicU8::new(PENDING),
-            generation: AtomicU32::new(0),
-            job: Mutex::new(Some(job)),
-        });
-        let mut queue = lock(&self.shared.queue);
-        self.shared.push(&mut queue, deadline, &entry);
-        entry
-    }
-}
-
-impl Drop for HeapTimer {
-    fn drop(&mut self) {
-        lock(&self.shared.queue).shutdown = true;
-        self.shared.available.notify_all();
-        if let Some(worker) = self.worker.take() {
-            worker.join().expect("heap timer thread panicked");
-        }
-    }
-}
-
-impl Engine for HeapTimer {
-    type Pending = Arc<HeapEntry>;
-
-    fn schedule(&self, delay: Duration, id: u64) -> Arc<HeapEntry> {
-        self.schedule_at(
-            Instant::now() + delay,
-            Box::new(move || {
-                black_box(id);
-            }),
-        )
-    }
-
-    fn cancel(&self, timer: Arc<HeapEntry>) -> bool {
-        let cancelled = timer
-            .state
-            .compare_exchange(PENDING, CANCELLED, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok();
-        if cancelled {
-            self.shared.cancelled.fetch_add(1, Ordering::Relaxed);
-        }
-        cancelled
-    }
-
-    fn reset(&self, timer: &mut Arc<HeapEntry>, delay: Duration) -> bool {
-        let deadline = Instant::now() + delay;
-        let mut queue = lock(&self.shared.queue);
-        if timer.state.load(Ordering::Acquire) != PENDING {
-            return false;
-        }
-        timer.generation.fetch_add(1, Ordering::Relaxed);
-        queue.stale += 1;
-        self.shared.push(&mut queue, deadline, timer);
-        true
-    }
-
-    fn schedule_storm(&self, deadline: Instant, id: u64) {
-        drop(self.schedule_at(deadline, Box::new(move || STORM.hit(id))));
-    }
-
-    fn finish(self, did: Tally) -> (Vec<String>, String) {
-        let fired = self.shared.fired.load(Ordering::Relaxed);
-        let heap_len = lock(&self.shared.queue).heap.len();
-        let mut problems = Vec::new();
-        if fired != did.fired {
-            problems.push(format!("fired {fired} tasks, expected {}", did.fired));
-        }
-        (
-            problems,
-            format!("fired {fired}, heap holds {heap_len} items"),
-        )
     }
 }
 
@@ -817,7 +505,7 @@ fn run_parallel<E: Engine, S: Send>(
                 let operations = share(total, threads, index);
                 let (barrier, work) = (&barrier, &work);
                 scope.spawn(move || {
-                    engine.on_thread(|| {
+                    engine.system().on_thread(|| {
                         barrier.wait();
                         let start = Instant::now();
                         work(state, operations, start);
@@ -851,11 +539,11 @@ fn submitters<E: Engine>(
     threads: usize,
     pool: usize,
     delay: impl Fn(&mut Rng) -> Duration + Sync,
-) -> Vec<Submitter<E::Pending>> {
-    let mut states: Vec<Submitter<E::Pending>> = (0..threads)
+) -> Vec<Submitter<Pending<E>>> {
+    let mut states: Vec<Submitter<Pending<E>>> = (0..threads)
         .map(|index| Submitter {
             pool: VecDeque::with_capacity(pool),
-            rng: Rng(0x5eed + index as u64),
+            rng: rng::for_thread(index),
             next_id: (index as u64) << 40,
             did: Tally::default(),
         })
@@ -867,7 +555,7 @@ fn submitters<E: Engine>(
         |state, count, _| {
             for _ in 0..count {
                 let delay = delay(&mut state.rng);
-                let timer = engine.schedule(delay, state.next_id);
+                let timer = schedule(engine, delay, state.next_id);
                 state.next_id += 1;
                 state.pool.push_back(timer);
             }
@@ -877,7 +565,7 @@ fn submitters<E: Engine>(
     states
 }
 
-fn report<E: Engine>(id: &str, engine: E, states: Vec<Submitter<E::Pending>>, extra: Tally) {
+fn report<E: Engine>(id: &str, engine: E, states: Vec<Submitter<Pending<E>>>, extra: Tally) {
     let mut did = extra;
     for state in &states {
         did += state.did;
@@ -885,7 +573,6 @@ fn report<E: Engine>(id: &str, engine: E, states: Vec<Submitter<E::Pending>>, ex
     // Handles first (tokio deregisters its sleeps while the runtime still runs).
     drop(states);
     let (mut problems, summary) = engine.finish(did);
-    problems.extend(STORM.anomalies());
     if did.failed > 0 {
         problems.push(format!(
             "{} cancels/resets of pending timers returned false",
@@ -910,11 +597,11 @@ fn bench_submitters<E: Engine>(
     name: &str,
     threads: usize,
     build: impl Fn() -> E,
-    setup: impl Fn(&E, usize) -> Vec<Submitter<E::Pending>>,
-    work: impl Fn(&E, &mut Submitter<E::Pending>, u64) + Sync,
+    setup: impl Fn(&E, usize) -> Vec<Submitter<Pending<E>>>,
+    work: impl Fn(&E, &mut Submitter<Pending<E>>, u64) + Sync,
 ) {
     // Built on first use only, so that filtered-out benchmarks cost nothing.
-    let mut state: Option<(E, Vec<Submitter<E::Pending>>)> = None;
+    let mut state: Option<(E, Vec<Submitter<Pending<E>>>)> = None;
     group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &threads| {
         let (engine, states) = state.get_or_insert_with(|| {
             let engine = build();
@@ -953,19 +640,19 @@ fn bench_churn<E: Engine>(
         build,
         |engine, threads| {
             submitters(engine, threads, CHURN_POOL, |rng| {
-                rng.between(CHURN_MIN, CHURN_MAX)
+                rng::between(rng, CHURN_MIN, CHURN_MAX)
             })
         },
         |engine, state, count| {
             for _ in 0..count {
                 let oldest = state.pool.pop_front().expect("empty pool");
-                if engine.cancel(oldest) {
+                if engine.system().cancel(oldest) {
                     state.did.cancelled += 1;
                 } else {
                     state.did.failed += 1;
                 }
-                let delay = state.rng.between(CHURN_MIN, CHURN_MAX);
-                state.pool.push_back(engine.schedule(delay, state.next_id));
+                let delay = rng::between(&mut state.rng, CHURN_MIN, CHURN_MAX);
+                state.pool.push_back(schedule(engine, delay, state.next_id));
                 state.next_id += 1;
             }
             state.did.scheduled += count;
@@ -995,8 +682,8 @@ fn bench_reset<E: Engine>(
         |engine, state, count| {
             let pool = state.pool.as_mut_slices().0;
             for _ in 0..count {
-                let timer = &mut pool[state.rng.index(pool.len())];
-                if engine.reset(timer, RESET_DELAY) {
+                let timer = &pool[state.rng.usize(..pool.len())];
+                if engine.system().reset(timer, RESET_DELAY) {
                     state.did.reset += 1;
                 } else {
                     state.did.failed += 1;
@@ -1012,35 +699,51 @@ fn bench_storm<E: Engine>(
     threads: usize,
     build: impl Fn() -> E,
 ) {
-    let mut state: Option<(E, Vec<Rng>, Tally)> = None;
+    // Each storm thread's generator and the handles of its timers (kept until the round's
+    // end: dropping tokio's cancels its timer).
+    type StormThread<E> = (Rng, Vec<Pending<E>>);
+    let mut state: Option<(E, Vec<StormThread<E>>, Tally)> = None;
     group.bench_with_input(BenchmarkId::new(name, threads), &threads, |b, &threads| {
-        let (engine, rngs, did) = state.get_or_insert_with(|| {
-            let rngs = (0..threads).map(|index| Rng(0x570e + index as u64));
-            (build(), rngs.collect(), Tally::default())
+        let (engine, storm_threads, did) = state.get_or_insert_with(|| {
+            let storm_threads = (0..threads).map(|index| (rng::for_thread(index), Vec::new()));
+            (build(), storm_threads.collect(), Tally::default())
         });
         let engine = &*engine;
         b.iter_custom(|iters| {
             let mut measured = Duration::ZERO;
             for _ in 0..iters {
-                let epoch = STORM.arm(STORM_TIMERS as u64);
+                if let Some(problem) = arm_storm(STORM_TIMERS as u64) {
+                    eprintln!("ANOMALY storm/{name}/{threads}: {problem}");
+                }
                 let next = AtomicU64::new(0);
-                let (start, _) =
-                    run_parallel(engine, rngs, STORM_TIMERS as u64, |rng, count, start| {
+                let (start, _) = run_parallel(
+                    engine,
+                    storm_threads,
+                    STORM_TIMERS as u64,
+                    |(rng, handles), count, start| {
                         let first = next.fetch_add(count, Ordering::Relaxed);
-                        for index in first..first + count {
-                            let deadline = start + rng.between(STORM_FROM, STORM_TO);
-                            engine.schedule_storm(deadline, Latch::id(epoch, index));
+                        for id in first..first + count {
+                            let deadline = start + rng::between(rng, STORM_FROM, STORM_TO);
+                            let handle = engine
+                                .system()
+                                .schedule_at(deadline, Job::plain(id))
+                                .expect("schedule refused");
+                            handles.push(handle);
                         }
-                    });
+                    },
+                );
                 did.scheduled += STORM_TIMERS as u64;
-                match STORM.wait(LATCH_TIMEOUT) {
+                let waited = wait_storm(LATCH_TIMEOUT);
+                for (_, handles) in storm_threads.iter_mut() {
+                    handles.clear();
+                }
+                match waited {
                     Ok(done) => {
                         did.fired += STORM_TIMERS as u64;
                         measured += done - start;
                     }
                     Err(remaining) => {
-                        let ran = STORM_TIMERS as i64 - remaining;
-                        did.fired += ran.max(0) as u64;
+                        did.fired += STORM_TIMERS as u64 - remaining;
                         eprintln!(
                             "ANOMALY storm/{name}/{threads}: {remaining} of {STORM_TIMERS} \
                              tasks had not run {LATCH_TIMEOUT:?} after their deadlines",
@@ -1086,8 +789,13 @@ fn churn(c: &mut Criterion) {
                 Shardwheel::new(shards)
             });
         }
-        bench_churn(&mut group, "tokio", threads, Tokio::new);
-        bench_churn(&mut group, "heap", threads, HeapTimer::new);
+        bench_churn(&mut group, "tokio", threads, Baseline::<TokioTimer>::new);
+        bench_churn(
+            &mut group,
+            "heap",
+            threads,
+            Baseline::<HeapTimerSystem>::new,
+        );
     }
     group.finish();
 }
@@ -1103,8 +811,13 @@ fn storm(c: &mut Criterion) {
                 Shardwheel::new(shards)
             });
         }
-        bench_storm(&mut group, "tokio", threads, Tokio::new);
-        bench_storm(&mut group, "heap", threads, HeapTimer::new);
+        bench_storm(&mut group, "tokio", threads, Baseline::<TokioTimer>::new);
+        bench_storm(
+            &mut group,
+            "heap",
+            threads,
+            Baseline::<HeapTimerSystem>::new,
+        );
     }
     group.finish();
 }
@@ -1118,8 +831,13 @@ fn reset(c: &mut Criterion) {
                 Shardwheel::new(shards)
             });
         }
-        bench_reset(&mut group, "tokio", threads, Tokio::new);
-        bench_reset(&mut group, "heap", threads, HeapTimer::new);
+        bench_reset(&mut group, "tokio", threads, Baseline::<TokioTimer>::new);
+        bench_reset(
+            &mut group,
+            "heap",
+            threads,
+            Baseline::<HeapTimerSystem>::new,
+        );
     }
     group.finish();
 }

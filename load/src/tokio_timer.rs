@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
 /// tokio's timer on a default multi-thread runtime (one worker per core).
-pub(crate) struct TokioTimer {
+pub struct TokioTimer {
     runtime: tokio::runtime::Runtime,
 }
 
 /// A registered `Sleep`.
-pub(crate) struct TokioHandle {
+pub struct TokioHandle {
     sleep: Mutex<Pin<Box<Sleep>>>,
 }
 
