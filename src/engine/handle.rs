@@ -32,7 +32,13 @@ impl TimerHandle {
         shard.count_cancelled(1);
         if let PushOutcome::Closed { drained: true } = shard
             .inbox
-            .push(Message::Cancel { index: self.index }, u64::MAX)
+            .push(
+                Message::Cancel {
+                    index: self.index,
+                    generation: self.generation,
+                },
+                u64::MAX,
+            )
         {
             shard.discard_late_messages();
         }

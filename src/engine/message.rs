@@ -17,10 +17,14 @@ pub(crate) enum Message {
         /// What to run.
         task: Task,
     },
-    /// The timer in slot `index` was cancelled: drop its task and links now.
+    /// The timer in slot `index` was cancelled: drop its task and links now, if the shard
+    /// still holds them (a repeating timer cancelled during a run is ended by its `Rearm`,
+    /// which may come first: see "Who counts a timer's end" in `slot.rs`).
     Cancel {
-        /// Slot of the cancelled timer (the shard still holds it, so it cannot be reused).
+        /// Slot of the cancelled timer.
         index: u32,
+        /// Generation of the timer: the shard may have let go of the slot already.
+        generation: u32,
     },
     /// A one-shot timer's deadline moved earlier in its slot: move its entry in the wheel.
     Relocate {
@@ -44,6 +48,8 @@ pub(crate) enum Message {
     Rearm {
         /// Slot of the timer (RUNNING: the shard still holds it).
         index: u32,
+        /// Generation of the timer, checked against the slot's when applied.
+        generation: u32,
         /// Deadline tick of the next run.
         deadline: u64,
         /// The task, back from its run.

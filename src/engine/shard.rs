@@ -4,7 +4,7 @@
 use super::handle::TimerHandle;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
-use super::slot::{FireOutcome, RELEASE_ABOVE, Release, Slot, SlotTable};
+use super::slot::{FireOutcome, RELEASE_ABOVE, Release, RunEnd, Slot, SlotTable};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::{LocalLateness, ShardCounters};
@@ -163,10 +163,17 @@ impl ShardShared {
 
     /// Hands a repeating timer back to the shard after a run, with its task and the deadline
     /// of its next run (`task: None`: it stopped). Called by whoever ran it.
-    pub(crate) fn rearm(shard: &ShardShared, index: u32, deadline: u64, task: Option<Task>) {
+    pub(crate) fn rearm(
+        shard: &ShardShared,
+        index: u32,
+        generation: u32,
+        deadline: u64,
+        task: Option<Task>,
+    ) {
         if let PushOutcome::Closed { drained: true } = shard.inbox.push(
             Message::Rearm {
                 index,
+                generation,
                 deadline,
                 task,
             },
@@ -182,8 +189,11 @@ impl ShardShared {
     pub(crate) fn discard_late_messages(&self) {
         while let Some(message) = self.inbox.pop() {
             // The shard will never apply these: end the repeating timers they hand back.
-            if let Message::Rearm { index, .. } = message {
-                if self.slots.end_run_after_shutdown(index) {
+            if let Message::Rearm {
+                index, generation, ..
+            } = message
+            {
+                if self.slots.end_run_after_shutdown(index, generation) {
                     self.count_cancelled(1);
                 }
             }
@@ -287,6 +297,7 @@ pub(crate) struct ShardCore {
 /// One run of a repeating timer, handed to the executor.
 pub(crate) struct RepeatingRun {
     pub(crate) index: u32,
+    pub(crate) generation: u32,
     pub(crate) task: Task,
 }
 
@@ -356,11 +367,7 @@ impl ShardCore {
                 deadline,
                 task,
             } => {
-                let slot = index as usize;
-                if slot >= self.entries.0.len() {
-                    self.entries.0.resize_with(slot + 1, || VACANT);
-                    self.slots_seen = self.slots_seen.max(slot as u64 + 1);
-                }
+                let slot = self.ensure_entry(index);
                 let entry = &mut self.entries.0[slot];
                 debug_assert!(
                     entry.task.is_none() && !entry.links.is_linked(),
@@ -374,7 +381,22 @@ impl ShardCore {
                 };
                 self.wheel.insert(&mut store, index, deadline);
             }
-            Message::Cancel { index } => {
+            Message::Cancel { index, generation } => {
+                // Checked against the slot as it is now: a repeating timer cancelled during a
+                // run may have been ended by its `Rearm` already, and the entry table given
+                // back since (see "Who counts a timer's end" in `slot.rs`).
+                if !self.shared.slots.cancel_pending_release(index, generation) {
+                    return;
+                }
+                let has_task = self
+                    .entries
+                    .0
+                    .get(index as usize)
+                    .is_some_and(|entry| entry.task.is_some());
+                debug_assert!(has_task, "cancelled slot {index} held without its task");
+                if !has_task {
+                    return;
+                }
                 let mut store = Store {
                     entries: &mut self.entries.0,
                     slots: &self.shared.slots,
@@ -411,7 +433,9 @@ impl ShardCore {
                 if self.shared.slots.reset_applied(index, generation) == Some(true) {
                     self.reset += 1;
                     self.shared.slots.set_deadline(index, deadline);
-                    let entry = &mut self.entries.0[index as usize];
+                    // Pending and held by the shard: its entry exists (`live` counts it).
+                    let slot = self.ensure_entry(index);
+                    let entry = &mut self.entries.0[slot];
                     if let Some(task) = &mut entry.task {
                         task.reanchor(self.shared.clock.nanos_of_tick(deadline));
                     }
@@ -430,38 +454,67 @@ impl ShardCore {
             }
             Message::Rearm {
                 index,
+                generation,
                 deadline,
                 mut task,
             } => {
-                let entry = &mut self.entries.0[index as usize];
-                let deadline = if entry.links.take_deferred() {
-                    let reset_to = self.shared.slots.deadline(index);
-                    if let Some(task) = &mut task {
-                        task.reanchor(self.shared.clock.nanos_of_tick(reset_to));
-                    }
-                    reset_to
-                } else {
-                    deadline
-                };
-                if self.shared.slots.finish_run(index, task.is_some()) {
-                    entry.task = task;
-                    self.shared.slots.set_deadline(index, deadline);
-                    let mut store = Store {
-                        entries: &mut self.entries.0,
-                        slots: &self.shared.slots,
-                    };
-                    self.wheel.insert(&mut store, index, deadline);
-                } else {
-                    // Stopped (its task said so, or it panicked) or cancelled while running.
-                    self.live -= 1;
-                    if task.is_none() {
-                        self.fired += 1;
-                        self.shared.release_limit(1);
-                    }
+                // The slot decides, in one transition, whether the run ends and who counts
+                // the end (see "Who counts a timer's end" in `slot.rs`).
+                let end = self
+                    .shared
+                    .slots
+                    .finish_run(index, generation, task.is_some());
+                if end == RunEnd::Stale {
                     handoff.dropped.extend(task);
+                    return;
+                }
+                let slot = self.ensure_entry(index);
+                let entry = &mut self.entries.0[slot];
+                let deferred = entry.links.take_deferred();
+                match end {
+                    RunEnd::Again => {
+                        let deadline = if deferred {
+                            let reset_to = self.shared.slots.deadline(index);
+                            if let Some(task) = &mut task {
+                                task.reanchor(self.shared.clock.nanos_of_tick(reset_to));
+                            }
+                            reset_to
+                        } else {
+                            deadline
+                        };
+                        entry.task = task;
+                        self.shared.slots.set_deadline(index, deadline);
+                        let mut store = Store {
+                            entries: &mut self.entries.0,
+                            slots: &self.shared.slots,
+                        };
+                        self.wheel.insert(&mut store, index, deadline);
+                    }
+                    RunEnd::Stopped | RunEnd::WasCancelled | RunEnd::Stale => {
+                        // Stopped (its task said so, or it panicked): this transition ended
+                        // it, so the shard counts it. Cancelled during the run: its canceller
+                        // counted it.
+                        self.live -= 1;
+                        if end == RunEnd::Stopped {
+                            self.fired += 1;
+                            self.shared.release_limit(1);
+                        }
+                        handoff.dropped.extend(task);
+                    }
                 }
             }
         }
+    }
+
+    /// Grows the entry table to hold slot `index` (it may have been given back while the
+    /// shard was idle); returns the index into it.
+    fn ensure_entry(&mut self, index: u32) -> usize {
+        let slot = index as usize;
+        if slot >= self.entries.0.len() {
+            self.entries.0.resize_with(slot + 1, || VACANT);
+            self.slots_seen = self.slots_seen.max(slot as u64 + 1);
+        }
+        slot
     }
 
     /// Advances the wheel to `now_tick` and collects the tasks of timers that fired. Every
@@ -507,10 +560,14 @@ impl ShardCore {
                         }
                         None
                     }
-                    FireOutcome::Run => {
+                    FireOutcome::Run { generation } => {
                         let task = entry.task.take().expect("a stored timer has a task");
                         lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
-                        handoff.repeating.push(RepeatingRun { index, task });
+                        handoff.repeating.push(RepeatingRun {
+                            index,
+                            generation,
+                            task,
+                        });
                         None
                     }
                     // Reset meanwhile: store it again at its new deadline.
