@@ -96,13 +96,21 @@ fn cancel_during_a_panicking_run_gives_the_place_back_once() {
         assert_eq!(timer.pending(), 3, "round {round}: before the run");
         clock.advance(MS);
         assert_eq!(get(&runs), round + 1, "round {round}: one run");
-        assert_eq!(get(&drops), round + 1, "round {round}: its task dropped once");
+        assert_eq!(
+            get(&drops),
+            round + 1,
+            "round {round}: its task dropped once"
+        );
         assert_eq!(handle.state(), TimerState::Cancelled);
         assert_eq!(timer.pending(), 2, "round {round}: after the run");
         let stats = timer.stats();
         assert_eq!(stats.pending, 2, "round {round}: stats {stats:?}");
         assert_eq!(stats.fired, 0, "round {round}: stats {stats:?}");
-        assert_eq!(stats.cancelled, round as u64 + 1, "round {round}: stats {stats:?}");
+        assert_eq!(
+            stats.cancelled,
+            round as u64 + 1,
+            "round {round}: stats {stats:?}"
+        );
     }
     // Exactly three more places: the limit is still exact.
     let more: Vec<_> = (0..4)
@@ -147,7 +155,10 @@ fn every_end_of_a_run_is_counted_once() {
             "{what:?}: {stats:?}"
         );
         assert_eq!(timer.pending(), 0, "{what:?}");
-        assert!(!handle.cancel(), "{what:?}: ended timers cannot be cancelled");
+        assert!(
+            !handle.cancel(),
+            "{what:?}: ended timers cannot be cancelled"
+        );
         assert!(!handle.reset(MS), "{what:?}: nor reset");
         assert!(timer.schedule(MS, || {}).is_ok() && timer.schedule(MS, || {}).is_ok());
         assert!(timer.schedule(MS, || {}).is_err(), "{what:?}: limit exact");
@@ -159,7 +170,12 @@ fn every_end_of_a_run_is_counted_once() {
 /// and its task is dropped once.
 fn shutdown_during_a_run(cancel: bool) {
     quiet_intentional_panics();
-    let pool = Arc::new(rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap());
+    let pool = Arc::new(
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap(),
+    );
     let clock = Clock::manual();
     let timer = Timer::builder()
         .shards(1)
@@ -186,7 +202,10 @@ fn shutdown_during_a_run(cancel: bool) {
     if cancel {
         assert!(handle.cancel());
     }
-    assert!(timer.shutdown().is_empty(), "a running timer is not returned");
+    assert!(
+        timer.shutdown().is_empty(),
+        "a running timer is not returned"
+    );
     release.send(()).unwrap();
     assert!(
         support::wait_until(Duration::from_secs(5), || get(&drops) == 1
@@ -269,7 +288,10 @@ fn late_cancel_after_the_entry_table_was_given_back() {
     clock.advance(MS);
     clock.advance(30 * MS); // Idle for longer than the release delay: the table goes.
     push_in.send(()).unwrap();
-    assert!(canceller.join().unwrap(), "the late canceller's cancel succeeded");
+    assert!(
+        canceller.join().unwrap(),
+        "the late canceller's cancel succeeded"
+    );
     clock.advance(MS); // Applies the late Cancel.
     // The shard still works: a later timer fires, and the counts are exact.
     let fired = counter();

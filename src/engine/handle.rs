@@ -32,16 +32,13 @@ impl TimerHandle {
         shard.count_cancelled(1);
         #[cfg(feature = "test-hooks")]
         test_hooks::after_cancel_transition();
-        if let PushOutcome::Closed { drained: true } = shard
-            .inbox
-            .push(
-                Message::Cancel {
-                    index: self.index,
-                    generation: self.generation,
-                },
-                u64::MAX,
-            )
-        {
+        if let PushOutcome::Closed { drained: true } = shard.inbox.push(
+            Message::Cancel {
+                index: self.index,
+                generation: self.generation,
+            },
+            u64::MAX,
+        ) {
             shard.discard_late_messages();
         }
         true
