@@ -56,11 +56,7 @@ fn run_batch(tasks: Vec<Task>, shard: &ShardShared) {
 /// Runs one run of a repeating timer and hands it back to its shard, re-armed for its next
 /// run, or ended if it asked to stop or panicked.
 pub(crate) fn run_repeating(run: RepeatingRun, shard: &ShardShared) {
-    let RepeatingRun {
-        index,
-        generation,
-        mut task,
-    } = run;
+    let RepeatingRun { index, mut task } = run;
     let clock = &shard.clock;
     let now = || clock.now_nanos();
     let outcome = catch_unwind(AssertUnwindSafe(|| {
@@ -68,19 +64,13 @@ pub(crate) fn run_repeating(run: RepeatingRun, shard: &ShardShared) {
     }));
     match outcome {
         Ok(Some(next_nanos)) => {
-            ShardShared::rearm(
-                shard,
-                index,
-                generation,
-                clock.tick_at_nanos(next_nanos),
-                Some(task),
-            );
+            ShardShared::rearm(shard, index, clock.tick_at_nanos(next_nanos), Some(task));
         }
-        Ok(None) => ShardShared::rearm(shard, index, generation, u64::MAX, None),
+        Ok(None) => ShardShared::rearm(shard, index, u64::MAX, None),
         Err(_) => {
             shard.counters.panicked.fetch_add(1, Ordering::Relaxed);
             drop(task);
-            ShardShared::rearm(shard, index, generation, u64::MAX, None);
+            ShardShared::rearm(shard, index, u64::MAX, None);
         }
     }
 }

@@ -46,10 +46,9 @@ pub(crate) enum Message {
     /// A repeating timer's run is over: re-arm it at `deadline` with `task`, or end it
     /// (`task: None`, it stopped or panicked).
     Rearm {
-        /// Slot of the timer (RUNNING: the shard still holds it).
+        /// Slot of the timer (RUNNING: the shard still holds it, so the slot cannot be reused
+        /// before this message is applied; checked against the slot's word when applied).
         index: u32,
-        /// Generation of the timer, checked against the slot's when applied.
-        generation: u32,
         /// Deadline tick of the next run.
         deadline: u64,
         /// The task, back from its run.

@@ -163,17 +163,10 @@ impl ShardShared {
 
     /// Hands a repeating timer back to the shard after a run, with its task and the deadline
     /// of its next run (`task: None`: it stopped). Called by whoever ran it.
-    pub(crate) fn rearm(
-        shard: &ShardShared,
-        index: u32,
-        generation: u32,
-        deadline: u64,
-        task: Option<Task>,
-    ) {
+    pub(crate) fn rearm(shard: &ShardShared, index: u32, deadline: u64, task: Option<Task>) {
         if let PushOutcome::Closed { drained: true } = shard.inbox.push(
             Message::Rearm {
                 index,
-                generation,
                 deadline,
                 task,
             },
@@ -189,11 +182,8 @@ impl ShardShared {
     pub(crate) fn discard_late_messages(&self) {
         while let Some(message) = self.inbox.pop() {
             // The shard will never apply these: end the repeating timers they hand back.
-            if let Message::Rearm {
-                index, generation, ..
-            } = message
-            {
-                if self.slots.end_run_after_shutdown(index, generation) {
+            if let Message::Rearm { index, .. } = message {
+                if self.slots.end_run_after_shutdown(index) {
                     self.count_cancelled(1);
                 }
             }
@@ -297,7 +287,6 @@ pub(crate) struct ShardCore {
 /// One run of a repeating timer, handed to the executor.
 pub(crate) struct RepeatingRun {
     pub(crate) index: u32,
-    pub(crate) generation: u32,
     pub(crate) task: Task,
 }
 
@@ -454,16 +443,12 @@ impl ShardCore {
             }
             Message::Rearm {
                 index,
-                generation,
                 deadline,
                 mut task,
             } => {
                 // The slot decides, in one transition, whether the run ends and who counts
                 // the end (see "Who counts a timer's end" in `slot.rs`).
-                let end = self
-                    .shared
-                    .slots
-                    .finish_run(index, generation, task.is_some());
+                let end = self.shared.slots.finish_run(index, task.is_some());
                 if end == RunEnd::Stale {
                     handoff.dropped.extend(task);
                     return;
@@ -560,14 +545,10 @@ impl ShardCore {
                         }
                         None
                     }
-                    FireOutcome::Run { generation } => {
+                    FireOutcome::Run => {
                         let task = entry.task.take().expect("a stored timer has a task");
                         lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
-                        handoff.repeating.push(RepeatingRun {
-                            index,
-                            generation,
-                            task,
-                        });
+                        handoff.repeating.push(RepeatingRun { index, task });
                         None
                     }
                     // Reset meanwhile: store it again at its new deadline.

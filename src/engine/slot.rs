@@ -96,10 +96,12 @@
 //!
 //! Messages are validated against the slot's word when applied, never assumed current: those
 //! that may arrive after their timer ended (`Cancel`, `Relocate`, `Reset`) carry its generation
-//! and check it, and the state the message expects; `Rearm` carries it too and must find its
-//! run. A `Cancel` of a repeating timer cancelled during a run may arrive after the `Rearm`
-//! ended it, when the shard has gone idle and given its entry table back: it finds the slot
-//! no longer held ([`cancel_pending_release`]) and touches no entry.
+//! and check it, and the state the message expects; `Rearm` must find its run (`RUNNING` and
+//! `SHARD`: the slot cannot be reused before the `Rearm` is applied, so the index suffices,
+//! and a generation would only grow every message). A `Cancel` of a repeating timer cancelled
+//! during a run may arrive after the `Rearm` ended it, when the shard has gone idle and given
+//! its entry table back: it finds the slot no longer held ([`cancel_pending_release`]) and
+//! touches no entry.
 //!
 //! # Reclamation
 //!
@@ -265,9 +267,9 @@ pub enum TimerState {
 pub(crate) enum FireOutcome {
     /// The timer is now FIRED: run its task. `free` says the caller must free the slot.
     Fire { free: bool },
-    /// A repeating timer of generation `generation` is now RUNNING: run its task, then hand
-    /// it back with a `Rearm` message, which the shard applies with `finish_run`.
-    Run { generation: u32 },
+    /// A repeating timer is now RUNNING: run its task, then hand it back with a `Rearm`
+    /// message, which the shard applies with `finish_run`.
+    Run,
     /// A reset is in flight: keep the entry aside until its message arrives.
     ResetInFlight,
     /// A one-shot timer's deadline moved later: store it again at this tick.
@@ -734,11 +736,7 @@ impl SlotTable {
                 word & !(LIFECYCLE_MASK | SHARD) | FIRED
             };
             match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) if repeating => {
-                    return FireOutcome::Run {
-                        generation: generation_of(word),
-                    };
-                }
+                Ok(_) if repeating => return FireOutcome::Run,
                 Ok(_) => {
                     return FireOutcome::Fire {
                         free: is_unreferenced(new),
@@ -782,18 +780,18 @@ impl SlotTable {
         }
     }
 
-    /// The shard takes back a repeating timer of generation `generation` after a run
-    /// (applying its `Rearm` message). If it is still pending and `again` (the task wants
+    /// The shard takes back a repeating timer after a run (applying its `Rearm` message). If it is still pending and `again` (the task wants
     /// another run), it stays PENDING and the shard re-arms it. Otherwise it ends: FIRED if it
     /// stopped by itself (or panicked), CANCELLED if cancelled meanwhile; the shard lets go of
     /// it and it is freed if no handle is left. See "Who counts a timer's end" for what the
     /// outcome tells the shard to count.
-    pub(crate) fn finish_run(&self, index: u32, generation: u32, again: bool) -> RunEnd {
+    pub(crate) fn finish_run(&self, index: u32, again: bool) -> RunEnd {
         let slot = self.word(index);
         let mut word = slot.load(Ordering::Acquire);
         loop {
-            if generation_of(word) != generation || word & (RUNNING | SHARD) != RUNNING | SHARD {
-                // Validated, never assumed: a run ends only once, by this message.
+            // Validated, never assumed. `RUNNING | SHARD` identifies the run: the slot cannot be
+            // freed, so not reused, until its `Rearm` is applied (or, after shutdown, ends it).
+            if word & (RUNNING | SHARD) != RUNNING | SHARD {
                 debug_assert!(
                     false,
                     "slot {index} finished a run it was not in: {word:#x}"
@@ -835,11 +833,11 @@ impl SlotTable {
 
     /// A repeating timer's run ended after its shard shut down: it counts as cancelled by the
     /// shutdown, and nothing holds it for the shard any more. True iff this call cancelled it.
-    pub(crate) fn end_run_after_shutdown(&self, index: u32, generation: u32) -> bool {
+    pub(crate) fn end_run_after_shutdown(&self, index: u32) -> bool {
         let slot = self.word(index);
         let mut word = slot.load(Ordering::Acquire);
         loop {
-            if generation_of(word) != generation || word & (RUNNING | SHARD) != RUNNING | SHARD {
+            if word & (RUNNING | SHARD) != RUNNING | SHARD {
                 debug_assert!(false, "slot {index} ended a run it was not in: {word:#x}");
                 return false;
             }
@@ -1303,7 +1301,7 @@ mod tests {
         assert_eq!(table.reset(index, generation), ResetOutcome::Accepted);
         assert_eq!(table.fire(index, 10, true), FireOutcome::ResetInFlight);
         assert_eq!(table.reset_applied(index, generation), Some(true));
-        assert_eq!(table.fire(index, 10, true), FireOutcome::Run { generation });
+        assert_eq!(table.fire(index, 10, true), FireOutcome::Run);
         assert_eq!(table.allocated(), 1);
     }
 
