@@ -89,7 +89,7 @@
 //! | a stale pop (of a list read before the release) fails | emptying the list bumps its tag |
 //! | a fresh allocation never overlaps a release's commit | it sees `SEALED`, discards its index and starts over |
 //! | no new timer's write is erased by `madvise` | a fresh allocation waits until its page is `ready` (published after the `madvise`) |
-//! | a stale message (`Relocate`, `Reset`) never hits a new timer | new generations start above every generation on the list |
+//! | a stale message (`Relocate`, `Reset`, `Cancel`) never hits a new timer | new generations start above every generation on the list |
 //! | pages are never unmapped or freed before the table is dropped | `madvise` changes content, not mappings |
 //!
 //! While handles are still held, the shard tries again after 20 ms, 40 ms, ... up to 1 s,

@@ -12,7 +12,7 @@ use loom::sync::Notify;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use shardwheel::sync::model;
-use shardwheel::{Clock, Executor, SlotTableHook, Timer, TimerState};
+use shardwheel::{Clock, Executor, MissedTicks, SlotTableHook, Timer, TimerState};
 use std::time::{Duration, Instant};
 
 const MILLISECOND: Duration = Duration::from_millis(1);
@@ -26,6 +26,37 @@ fn manual_timer(clock: &Clock) -> Timer {
         .clock(clock.clone())
         .build()
         .expect("valid configuration")
+}
+
+/// A one-shard timer like [`manual_timer`], with at most `max` pending timers.
+fn limited_manual_timer(clock: &Clock, max: usize) -> Timer {
+    Timer::builder()
+        .shards(1)
+        .levels(2)
+        .executor(Executor::Inline)
+        .clock(clock.clone())
+        .max_pending(max)
+        .build()
+        .expect("valid configuration")
+}
+
+/// Keeps the models' intentional panics (messages with "on purpose") off stderr.
+fn quiet_intentional_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let payload = info.payload();
+            let message = payload
+                .downcast_ref::<&str>()
+                .copied()
+                .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("");
+            if !message.contains("on purpose") {
+                default(info);
+            }
+        }));
+    });
 }
 
 /// Counts its own drops.
@@ -487,5 +518,212 @@ fn shutdown_inside_a_task_off_the_shard_thread() {
         let unfired = timer.shutdown();
         driver.join().unwrap();
         check_shutdown_inside(unfired, &seen);
+    });
+}
+
+/// Model 9 (a): a repeating timer's life against a cancel and a reset from two threads: its
+/// run (which panics, ending the timer) may be in progress when either lands, the reset may be
+/// deferred to the run's end, and the `Rearm`, `Reset` and `Cancel` messages reach the shard
+/// in any order. The timer's end is counted exactly once (`pending()`, `stats()`, the
+/// `max_pending` place), its task runs at most once and is dropped exactly once.
+#[test]
+fn repeating_run_vs_cancel_and_reset() {
+    quiet_intentional_panics();
+    model(|| {
+        let clock = Clock::manual();
+        let timer = limited_manual_timer(&clock, 1);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let drops = Arc::new(AtomicUsize::new(0));
+        let handle = {
+            let (runs, guard) = (runs.clone(), DropCounter(drops.clone()));
+            timer
+                .schedule_repeating(MILLISECOND, MissedTicks::Skip, move || {
+                    let _guard = &guard;
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    panic!("on purpose: the run ends the timer");
+                })
+                .unwrap()
+        };
+        let canceller = {
+            let handle = handle.clone();
+            thread::spawn(move || handle.cancel())
+        };
+        let resetter = {
+            let handle = handle.clone();
+            thread::spawn(move || handle.reset(5 * MILLISECOND))
+        };
+        clock.advance(MILLISECOND);
+        let cancelled = canceller.join().unwrap();
+        resetter.join().unwrap();
+        clock.advance(20 * MILLISECOND);
+        let runs = runs.load(Ordering::SeqCst);
+        assert!(runs <= 1, "ran {runs} times");
+        if !cancelled {
+            assert_eq!(runs, 1, "neither cancelled nor run");
+        }
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "task not dropped once");
+        let stats = timer.stats();
+        assert_eq!(
+            (stats.pending, stats.fired, stats.cancelled),
+            (0, u64::from(!cancelled), u64::from(cancelled)),
+            "cancelled {cancelled}, runs {runs}: {stats:?}"
+        );
+        assert_eq!(timer.pending(), 0, "cancelled {cancelled}, runs {runs}");
+        let expected = if cancelled {
+            TimerState::Cancelled
+        } else {
+            TimerState::Expired
+        };
+        assert_eq!(handle.state(), expected);
+        let again = timer.schedule(MILLISECOND, || {});
+        assert!(again.is_ok(), "the place was not given back");
+        assert!(timer.schedule(MILLISECOND, || {}).is_err(), "two places");
+    });
+}
+
+/// Model 10 (a): shutdown while a repeating timer's run is in progress on another thread, and a
+/// cancel from a third: the timer ends once, by the cancel, by shutdown's sweep (returned
+/// unfired) or by the run's late hand-back, and its task is dropped exactly once.
+#[test]
+fn repeating_run_vs_shutdown_and_cancel() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = limited_manual_timer(&clock, 1);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let handle = {
+            let guard = DropCounter(drops.clone());
+            timer
+                .schedule_repeating(MILLISECOND, MissedTicks::Skip, move || {
+                    let _guard = &guard;
+                })
+                .unwrap()
+        };
+        let runner = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(MILLISECOND))
+        };
+        let canceller = {
+            let handle = handle.clone();
+            thread::spawn(move || handle.cancel())
+        };
+        let unfired = timer.shutdown();
+        runner.join().unwrap();
+        let cancelled = canceller.join().unwrap();
+        let returned = unfired.len();
+        drop(unfired);
+        assert!(
+            returned + usize::from(cancelled) <= 1,
+            "returned {returned}, cancelled {cancelled}"
+        );
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "task not dropped once");
+        let stats = timer.stats();
+        assert_eq!(
+            (stats.pending, stats.fired, stats.cancelled),
+            (0, 0, 1),
+            "returned {returned}, cancelled {cancelled}: {stats:?}"
+        );
+        assert_eq!(timer.pending(), 0);
+        assert_eq!(handle.state(), TimerState::Cancelled);
+    });
+}
+
+/// Model 11 (b): a one-shot timer's deadline moved earlier (a `Relocate` message) while the
+/// shard expires it at its old deadline (the message may arrive after it fired): it runs
+/// exactly once, never before a successful reset's deadline; its slot, freed and reused,
+/// serves a new timer the stale message cannot touch.
+#[test]
+fn relocate_vs_expiry() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let ran_at = Arc::new(std::sync::Mutex::new(None));
+        let handle = {
+            let (runs, ran_at, clock) = (runs.clone(), ran_at.clone(), clock.clone());
+            timer
+                .schedule(2 * MILLISECOND, move || {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    *ran_at.lock().unwrap() = Some(clock.now());
+                })
+                .unwrap()
+        };
+        // An instant, not a delay: the manual clock is no loom object, so the resetter may
+        // run only once the clock has moved.
+        let reset_to = clock.now() + MILLISECOND;
+        let resetter = thread::spawn(move || {
+            let reset = handle.reset_at(reset_to);
+            drop(handle);
+            reset
+        });
+        clock.advance(2 * MILLISECOND);
+        let reset = resetter.join().unwrap();
+        clock.advance(2 * MILLISECOND);
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "reset {reset}");
+        if reset {
+            let ran_at = ran_at.lock().unwrap().expect("ran");
+            assert!(
+                ran_at >= reset_to,
+                "ran before a successful reset's deadline"
+            );
+        }
+        let second = Arc::new(AtomicUsize::new(0));
+        {
+            let second = second.clone();
+            timer
+                .schedule(MILLISECOND, move || {
+                    second.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+        }
+        clock.advance(2 * MILLISECOND);
+        assert_eq!(second.load(Ordering::SeqCst), 1, "the reused slot's timer");
+        let stats = timer.stats();
+        assert_eq!((stats.pending, stats.fired), (0, 2), "{stats:?}");
+    });
+}
+
+/// Model 12 (c): a repeating timer cancelled during its run by a thread that is descheduled
+/// between its state change and its push: the run's `Rearm` ends the timer, the idle shard
+/// gives its entry table back (under loom it keeps none), and only then does the `Cancel`
+/// arrive. The shard must check it against the slot, not index the empty table, and go on
+/// working; the timer's end is counted once.
+#[test]
+fn late_cancel_vs_entry_table_release() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let handle = {
+            let guard = DropCounter(drops.clone());
+            timer
+                .schedule_repeating(MILLISECOND, MissedTicks::Skip, move || {
+                    let _guard = &guard;
+                })
+                .unwrap()
+        };
+        let canceller = thread::spawn(move || handle.cancel());
+        clock.advance(MILLISECOND); // The run.
+        clock.advance(MILLISECOND); // Idle (if the run ended it): release planned.
+        clock.advance(30 * MILLISECOND); // The entry table is given back.
+        assert!(canceller.join().unwrap(), "a repeating timer stays pending");
+        clock.advance(MILLISECOND); // A late Cancel is applied here.
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "task not dropped once");
+        let later = Arc::new(AtomicUsize::new(0));
+        {
+            let later = later.clone();
+            timer
+                .schedule(MILLISECOND, move || {
+                    later.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+        }
+        clock.advance(2 * MILLISECOND);
+        assert_eq!(later.load(Ordering::SeqCst), 1, "the shard stopped working");
+        let stats = timer.stats();
+        assert_eq!(
+            (stats.pending, stats.fired, stats.cancelled),
+            (0, 1, 1),
+            "{stats:?}"
+        );
     });
 }

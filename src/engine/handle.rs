@@ -30,10 +30,15 @@ impl TimerHandle {
             return false;
         }
         shard.count_cancelled(1);
-        if let PushOutcome::Closed { drained: true } = shard
-            .inbox
-            .push(Message::Cancel { index: self.index }, u64::MAX)
-        {
+        #[cfg(feature = "test-hooks")]
+        test_hooks::after_cancel_transition();
+        if let PushOutcome::Closed { drained: true } = shard.inbox.push(
+            Message::Cancel {
+                index: self.index,
+                generation: self.generation,
+            },
+            u64::MAX,
+        ) {
             shard.discard_late_messages();
         }
         true
@@ -135,5 +140,33 @@ impl fmt::Debug for TimerHandle {
             .field("generation", &self.generation)
             .field("state", &self.state())
             .finish()
+    }
+}
+
+/// Hooks for the engine's own tests (feature `test-hooks`): not part of the API.
+#[cfg(feature = "test-hooks")]
+#[doc(hidden)]
+pub mod test_hooks {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static AFTER_CANCEL_TRANSITION: RefCell<Option<Box<dyn FnMut()>>> =
+            const { RefCell::new(None) };
+    }
+
+    /// Sets (or, with `None`, clears) a hook that this thread's successful
+    /// [`TimerHandle::cancel`](super::TimerHandle::cancel) calls run between their state change
+    /// and the push of their `Cancel` message: a canceller descheduled there, made
+    /// deterministic.
+    pub fn set_after_cancel_transition(hook: Option<Box<dyn FnMut()>>) {
+        AFTER_CANCEL_TRANSITION.with(|slot| *slot.borrow_mut() = hook);
+    }
+
+    pub(crate) fn after_cancel_transition() {
+        AFTER_CANCEL_TRANSITION.with(|slot| {
+            if let Some(hook) = slot.borrow_mut().as_mut() {
+                hook();
+            }
+        });
     }
 }

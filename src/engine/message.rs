@@ -17,10 +17,14 @@ pub(crate) enum Message {
         /// What to run.
         task: Task,
     },
-    /// The timer in slot `index` was cancelled: drop its task and links now.
+    /// The timer in slot `index` was cancelled: drop its task and links now, if the shard
+    /// still holds them (a repeating timer cancelled during a run is ended by its `Rearm`,
+    /// which may come first: see "Who counts a timer's end" in `slot.rs`).
     Cancel {
-        /// Slot of the cancelled timer (the shard still holds it, so it cannot be reused).
+        /// Slot of the cancelled timer.
         index: u32,
+        /// Generation of the timer: the shard may have let go of the slot already.
+        generation: u32,
     },
     /// A one-shot timer's deadline moved earlier in its slot: move its entry in the wheel.
     Relocate {
@@ -42,7 +46,8 @@ pub(crate) enum Message {
     /// A repeating timer's run is over: re-arm it at `deadline` with `task`, or end it
     /// (`task: None`, it stopped or panicked).
     Rearm {
-        /// Slot of the timer (RUNNING: the shard still holds it).
+        /// Slot of the timer (RUNNING: the shard still holds it, so the slot cannot be reused
+        /// before this message is applied; checked against the slot's word when applied).
         index: u32,
         /// Deadline tick of the next run.
         deadline: u64,

@@ -5,7 +5,7 @@ use super::executor::{drop_contained, drop_uncounted};
 use super::handle::TimerHandle;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
-use super::slot::{FireOutcome, RELEASE_ABOVE, Release, Slot, SlotTable};
+use super::slot::{FireOutcome, RELEASE_ABOVE, Release, RunEnd, Slot, SlotTable};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::{LocalLateness, ShardCounters};
@@ -421,11 +421,7 @@ impl ShardCore {
                 deadline,
                 task,
             } => {
-                let slot = index as usize;
-                if slot >= self.entries.0.len() {
-                    self.entries.0.resize_with(slot + 1, || VACANT);
-                    self.slots_seen = self.slots_seen.max(slot as u64 + 1);
-                }
+                let slot = self.ensure_entry(index);
                 let entry = &mut self.entries.0[slot];
                 debug_assert!(
                     entry.task.is_none() && !entry.links.is_linked(),
@@ -439,7 +435,22 @@ impl ShardCore {
                 };
                 self.wheel.insert(&mut store, index, deadline);
             }
-            Message::Cancel { index } => {
+            Message::Cancel { index, generation } => {
+                // Checked against the slot as it is now: a repeating timer cancelled during a
+                // run may have been ended by its `Rearm` already, and the entry table given
+                // back since (see "Who counts a timer's end" in `slot.rs`).
+                if !self.shared.slots.cancel_pending_release(index, generation) {
+                    return;
+                }
+                let has_task = self
+                    .entries
+                    .0
+                    .get(index as usize)
+                    .is_some_and(|entry| entry.task.is_some());
+                debug_assert!(has_task, "cancelled slot {index} held without its task");
+                if !has_task {
+                    return;
+                }
                 let mut store = Store {
                     entries: &mut self.entries.0,
                     slots: &self.shared.slots,
@@ -476,7 +487,9 @@ impl ShardCore {
                 if self.shared.slots.reset_applied(index, generation) == Some(true) {
                     self.reset += 1;
                     self.shared.slots.set_deadline(index, deadline);
-                    let entry = &mut self.entries.0[index as usize];
+                    // Pending and held by the shard: its entry exists (`live` counts it).
+                    let slot = self.ensure_entry(index);
+                    let entry = &mut self.entries.0[slot];
                     if let Some(task) = &mut entry.task {
                         task.reanchor(self.shared.clock.nanos_of_tick(deadline));
                     }
@@ -498,35 +511,60 @@ impl ShardCore {
                 deadline,
                 mut task,
             } => {
-                let entry = &mut self.entries.0[index as usize];
-                let deadline = if entry.links.take_deferred() {
-                    let reset_to = self.shared.slots.deadline(index);
-                    if let Some(task) = &mut task {
-                        task.reanchor(self.shared.clock.nanos_of_tick(reset_to));
-                    }
-                    reset_to
-                } else {
-                    deadline
-                };
-                if self.shared.slots.finish_run(index, task.is_some()) {
-                    entry.task = task;
-                    self.shared.slots.set_deadline(index, deadline);
-                    let mut store = Store {
-                        entries: &mut self.entries.0,
-                        slots: &self.shared.slots,
-                    };
-                    self.wheel.insert(&mut store, index, deadline);
-                } else {
-                    // Stopped (its task said so, or it panicked) or cancelled while running.
-                    self.live -= 1;
-                    if task.is_none() {
-                        self.fired += 1;
-                        self.shared.release_limit(1);
-                    }
+                // The slot decides, in one transition, whether the run ends and who counts
+                // the end (see "Who counts a timer's end" in `slot.rs`).
+                let end = self.shared.slots.finish_run(index, task.is_some());
+                if end == RunEnd::Stale {
                     handoff.dropped.extend(task);
+                    return;
+                }
+                let slot = self.ensure_entry(index);
+                let entry = &mut self.entries.0[slot];
+                let deferred = entry.links.take_deferred();
+                match end {
+                    RunEnd::Again => {
+                        let deadline = if deferred {
+                            let reset_to = self.shared.slots.deadline(index);
+                            if let Some(task) = &mut task {
+                                task.reanchor(self.shared.clock.nanos_of_tick(reset_to));
+                            }
+                            reset_to
+                        } else {
+                            deadline
+                        };
+                        entry.task = task;
+                        self.shared.slots.set_deadline(index, deadline);
+                        let mut store = Store {
+                            entries: &mut self.entries.0,
+                            slots: &self.shared.slots,
+                        };
+                        self.wheel.insert(&mut store, index, deadline);
+                    }
+                    RunEnd::Stopped | RunEnd::WasCancelled | RunEnd::Stale => {
+                        // Stopped (its task said so, or it panicked): this transition ended
+                        // it, so the shard counts it. Cancelled during the run: its canceller
+                        // counted it.
+                        self.live -= 1;
+                        if end == RunEnd::Stopped {
+                            self.fired += 1;
+                            self.shared.release_limit(1);
+                        }
+                        handoff.dropped.extend(task);
+                    }
                 }
             }
         }
+    }
+
+    /// Grows the entry table to hold slot `index` (it may have been given back while the
+    /// shard was idle); returns the index into it.
+    fn ensure_entry(&mut self, index: u32) -> usize {
+        let slot = index as usize;
+        if slot >= self.entries.0.len() {
+            self.entries.0.resize_with(slot + 1, || VACANT);
+            self.slots_seen = self.slots_seen.max(slot as u64 + 1);
+        }
+        slot
     }
 
     /// Advances the wheel to `now_tick` and collects the tasks of timers that fired. Every
@@ -616,7 +654,9 @@ impl ShardCore {
         /// An entry table this small is kept. No larger than `RELEASE_ABOVE`: `slots_seen`
         /// grows only when a `Schedule` grows the entry table, so after a release, a table
         /// that kept up to `KEEP` entries must still see every index above `RELEASE_ABOVE`.
-        const KEEP: usize = 4096;
+        /// Under loom none, so that a model sees the table given back (as `KEPT_PAGES` in
+        /// `slot.rs`).
+        const KEEP: usize = if cfg!(loom) { 0 } else { 4096 };
         const { assert!(KEEP as u64 <= RELEASE_ABOVE) };
         if self.live != 0 {
             self.release_at = u64::MAX;

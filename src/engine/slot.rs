@@ -61,7 +61,8 @@
 //! | PENDING, one-shot, deadline later | [`fire`] (shard, under DL_LOCK) | unchanged: stored again later   |
 //! | PENDING, repeating, resets > 0 | [`fire`] (shard)                   | unchanged: the reset wins        |
 //! | PENDING, repeating        | [`fire`] (shard)                        | PENDING, RUNNING                 |
-//! | RUNNING                   | [`finish_run`] (shard)                  | PENDING (re-armed), or FIRED / SHARD cleared |
+//! | RUNNING                   | [`finish_run`] (shard, `Rearm` message) | PENDING (re-armed), or FIRED / SHARD cleared |
+//! | RUNNING, after shutdown   | [`end_run_after_shutdown`] (runner)     | CANCELLED if PENDING; SHARD cleared |
 //! | CANCELLED                 | [`release_by_shard`] (shard)            | SHARD cleared                    |
 //! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list |
 //! | every slot FREE and on the free list | [`try_release`] (shard, idle)    | off the list; fresh again, at a generation above all; page memory given back |
@@ -71,6 +72,36 @@
 //! reset changes only the deadline). A resetting handle holds a handle count, so its slot
 //! cannot be freed (and reused) under it. The release (last row) writes no word: it empties
 //! the list and restarts fresh allocation (see below).
+//!
+//! # Who counts a timer's end
+//!
+//! A timer ends exactly once: by the one compare-and-swap that takes it out of PENDING. Whoever
+//! makes that transition, and only they, counts the end (`fired` or `cancelled`, hence
+//! `pending` and `stats()`) and gives back its `max_pending` place. Every later message about
+//! the timer (a `Cancel` arriving after the `Rearm` that ended it, a `Rearm` finding it
+//! cancelled, a `Reset` or `Relocate` finding it ended) counts nothing.
+//!
+//! | transition out of PENDING                            | made by                    | counts |
+//! |------------------------------------------------------|----------------------------|--------|
+//! | [`cancel`] -> CANCELLED                              | a handle                   | the handle: `cancelled` |
+//! | [`cancel`] -> CANCELLED, after its push found the inbox closed | the submitter    | the submitter: undoes `scheduled` |
+//! | [`cancel_for_shutdown`] -> CANCELLED                 | the shard's last sweep     | the shard: `cancelled` |
+//! | [`fire`] -> FIRED (one-shot)                         | the shard                  | the shard: `fired` |
+//! | [`finish_run`] -> FIRED ([`RunEnd::Stopped`]: the task stopped or panicked) | the shard | the shard: `fired` |
+//! | [`end_run_after_shutdown`] -> CANCELLED (returns true) | the runner of a late `Rearm` | the runner: `cancelled` |
+//!
+//! The shard's `live` count of entries it holds follows `SHARD` instead: one more when a
+//! `Schedule` is stored, one less when the shard lets go of the entry (a one-shot fire, a
+//! `Cancel` that finds the task, a `Rearm` that ends the run).
+//!
+//! Messages are validated against the slot's word when applied, never assumed current: those
+//! that may arrive after their timer ended (`Cancel`, `Relocate`, `Reset`) carry its generation
+//! and check it, and the state the message expects; `Rearm` must find its run (`RUNNING` and
+//! `SHARD`: the slot cannot be reused before the `Rearm` is applied, so the index suffices,
+//! and a generation would only grow every message). A `Cancel` of a repeating timer cancelled
+//! during a run may arrive after the `Rearm` ended it, when the shard has gone idle and given
+//! its entry table back: it finds the slot no longer held ([`cancel_pending_release`]) and
+//! touches no entry.
 //!
 //! # Reclamation
 //!
@@ -118,7 +149,8 @@
 //! | a free in progress (FREE word stored, push pending)   | not on the list under `H`: the walk counts fewer than `N` |
 //! | anything pushed or popped during the walk             | the tag changed: step 4 fails (and the walk may stop early) |
 //! | a stale `Relocate` / `Reset` (index, generation)      | every old generation is at most the newest one walked: new timers start above it, so the generation check rejects it |
-//! | `Schedule`, `Cancel`, `Rearm` (index only)            | their slot has `SHARD` set, so it is not free: the walk fails |
+//! | `Schedule`, `Rearm`                                   | their slot has `SHARD` set, so it is not free: the walk fails |
+//! | a late `Cancel` (index, generation)                   | as a stale `Reset`: the generation check rejects it |
 //! | a handle                                              | its slot has a handle count, so it is not free: the walk fails |
 //! | `begin` on a page being given back                    | waits for `ready` (acquire, paired with the release after `madvise`) |
 //! | a reader of a page being given back                   | only atomic loads, which accept any FREE word, zeros included |
@@ -235,7 +267,8 @@ pub enum TimerState {
 pub(crate) enum FireOutcome {
     /// The timer is now FIRED: run its task. `free` says the caller must free the slot.
     Fire { free: bool },
-    /// A repeating timer is now RUNNING: run its task, then re-arm it with `finish_run`.
+    /// A repeating timer is now RUNNING: run its task, then hand it back with a `Rearm`
+    /// message, which the shard applies with `finish_run`.
     Run,
     /// A reset is in flight: keep the entry aside until its message arrives.
     ResetInFlight,
@@ -243,6 +276,20 @@ pub(crate) enum FireOutcome {
     Later(u64),
     /// A cancel won: its message will release the entry.
     Cancelled,
+}
+
+/// How [`SlotTable::finish_run`] ended a repeating timer's run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RunEnd {
+    /// Still PENDING and its task wants another run: the shard re-arms it.
+    Again,
+    /// This call ended it, PENDING -> FIRED (its task stopped, or panicked): the shard counts
+    /// the end (a fire) and gives back its `max_pending` place.
+    Stopped,
+    /// It was cancelled during the run: its canceller counted the end; the shard counts nothing.
+    WasCancelled,
+    /// The slot holds no run of this timer (a bug): nothing changed.
+    Stale,
 }
 
 /// What [`SlotTable::reset_lazy`] decided.
@@ -733,36 +780,55 @@ impl SlotTable {
         }
     }
 
-    /// The shard takes back a repeating timer after a run. If it is still pending and `again`
-    /// (the task wants another run), it stays PENDING and the shard re-arms it (returns true).
-    /// Otherwise it ends: FIRED if it stopped by itself, CANCELLED if cancelled meanwhile; the
-    /// shard lets go of it and it is freed if no handle is left (returns false).
-    pub(crate) fn finish_run(&self, index: u32, again: bool) -> bool {
+    /// The shard takes back a repeating timer after a run (applying its `Rearm` message). If it is still pending and `again` (the task wants
+    /// another run), it stays PENDING and the shard re-arms it. Otherwise it ends: FIRED if it
+    /// stopped by itself (or panicked), CANCELLED if cancelled meanwhile; the shard lets go of
+    /// it and it is freed if no handle is left. See "Who counts a timer's end" for what the
+    /// outcome tells the shard to count.
+    pub(crate) fn finish_run(&self, index: u32, again: bool) -> RunEnd {
         let slot = self.word(index);
         let mut word = slot.load(Ordering::Acquire);
         loop {
-            debug_assert!(
-                word & (RUNNING | SHARD) == RUNNING | SHARD,
-                "slot {index} finished a run it was not in: {word:#x}"
-            );
-            let rearm = again && lifecycle_of(word) == PENDING;
-            let new = if rearm {
-                word & !RUNNING
-            } else if lifecycle_of(word) == PENDING {
-                word & !(RUNNING | SHARD | LIFECYCLE_MASK) | FIRED
+            // Validated, never assumed. `RUNNING | SHARD` identifies the run: the slot cannot be
+            // freed, so not reused, until its `Rearm` is applied (or, after shutdown, ends it).
+            if word & (RUNNING | SHARD) != RUNNING | SHARD {
+                debug_assert!(
+                    false,
+                    "slot {index} finished a run it was not in: {word:#x}"
+                );
+                return RunEnd::Stale;
+            }
+            let (new, end) = if lifecycle_of(word) != PENDING {
+                (word & !(RUNNING | SHARD), RunEnd::WasCancelled)
+            } else if again {
+                (word & !RUNNING, RunEnd::Again)
             } else {
-                word & !(RUNNING | SHARD)
+                (
+                    word & !(RUNNING | SHARD | LIFECYCLE_MASK) | FIRED,
+                    RunEnd::Stopped,
+                )
             };
             match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     if is_unreferenced(new) {
                         self.free(index, new);
                     }
-                    return rearm;
+                    return end;
                 }
                 Err(actual) => word = actual,
             }
         }
+    }
+
+    /// Whether a `Cancel` message of timer `(index, generation)` still has work: the slot is
+    /// that timer's, CANCELLED, and the shard holds its entry with its task (not out running:
+    /// the `Rearm` of a repeating timer cancelled during its run ends it instead, and may have
+    /// done so already, after which the entry, even the whole entry table, may be gone).
+    pub(crate) fn cancel_pending_release(&self, index: u32, generation: u32) -> bool {
+        let word = self.word(index).load(Ordering::Acquire);
+        generation_of(word) == generation
+            && lifecycle_of(word) == CANCELLED
+            && word & (SHARD | RUNNING) == SHARD
     }
 
     /// A repeating timer's run ended after its shard shut down: it counts as cancelled by the
@@ -771,6 +837,10 @@ impl SlotTable {
         let slot = self.word(index);
         let mut word = slot.load(Ordering::Acquire);
         loop {
+            if word & (RUNNING | SHARD) != RUNNING | SHARD {
+                debug_assert!(false, "slot {index} ended a run it was not in: {word:#x}");
+                return false;
+            }
             let new = word & !(RUNNING | SHARD | LIFECYCLE_MASK)
                 | if lifecycle_of(word) == PENDING {
                     CANCELLED
