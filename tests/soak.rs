@@ -29,8 +29,8 @@
 //! `SHARDWHEEL_SOAK_OPS` sets the operation count (default 2 million; the long mode is
 //! `SHARDWHEEL_SOAK_OPS=100000000 cargo test --release --test soak -- --nocapture`);
 //! `SHARDWHEEL_SOAK_ROUND_OPS` the operations per round; `SHARDWHEEL_SOAK_PANICS=0` turns the
-//! panicking destructors and payloads off, `SHARDWHEEL_SOAK_REPEAT_PANICS=0` the repeating
-//! timers that panic in a run.
+//! panicking destructors and payloads off (`drop` or `payload`: only that one),
+//! `SHARDWHEEL_SOAK_REPEAT_PANICS=0` the repeating timers that panic in a run.
 
 #[path = "engine_support.rs"]
 mod support;
@@ -59,7 +59,9 @@ const SETTLE: Duration = Duration::from_secs(30);
 const PAGE_KIB: u64 = 4;
 
 fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|value| value.parse().ok())
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
 }
 
 fn env_flag(name: &str, default: bool) -> bool {
@@ -74,9 +76,11 @@ struct Config {
     seed: u64,
     ops: u64,
     round_ops: u64,
-    /// Tasks whose captured value panics in `Drop`, and tasks whose panic payload panics in
-    /// `Drop`: contained by the engine only with the fixes of the "user panics" task.
-    panics: bool,
+    /// Tasks whose captured value panics in `Drop` (`SHARDWHEEL_SOAK_PANICS=1` or `drop`):
+    /// contained by the engine only with the fixes of the "user panics" task.
+    drop_panics: bool,
+    /// Tasks whose panic payload panics in `Drop` (`SHARDWHEEL_SOAK_PANICS=1` or `payload`).
+    payload_panics: bool,
     /// Repeating timers that panic in a run (racing cancels): see the double release of the
     /// `max_pending` limit.
     repeat_panics: bool,
@@ -90,12 +94,16 @@ impl Config {
                 .map_or(1, |since| since.as_nanos() as u64)
         });
         let ops = env_u64("SHARDWHEEL_SOAK_OPS").unwrap_or(2_000_000);
-        let round_ops = env_u64("SHARDWHEEL_SOAK_ROUND_OPS").unwrap_or(250_000).max(1000);
+        let panics = std::env::var("SHARDWHEEL_SOAK_PANICS").unwrap_or_else(|_| "1".into());
+        let round_ops = env_u64("SHARDWHEEL_SOAK_ROUND_OPS")
+            .unwrap_or(250_000)
+            .max(1000);
         Config {
             seed,
             ops,
             round_ops,
-            panics: env_flag("SHARDWHEEL_SOAK_PANICS", true),
+            drop_panics: panics == "1" || panics == "drop",
+            payload_panics: panics == "1" || panics == "payload",
             repeat_panics: env_flag("SHARDWHEEL_SOAK_REPEAT_PANICS", true),
         }
     }
@@ -362,8 +370,8 @@ impl Submitter {
         let mut bomb = false;
         match self.rng.below(200) {
             0..=3 => behaviour = Behaviour::PanicInRun,
-            4 if self.config.panics => behaviour = Behaviour::PanicPayload,
-            5..=7 if self.config.panics => bomb = true,
+            4 if self.config.payload_panics => behaviour = Behaviour::PanicPayload,
+            5..=7 if self.config.drop_panics => bomb = true,
             _ => {}
         }
         let id = self.id(self.owned.len());
@@ -407,7 +415,7 @@ impl Submitter {
         };
         let panic_at = (self.config.repeat_panics && self.rng.below(3) == 0)
             .then(|| 1 + self.rng.below(3) as u32);
-        let bomb = self.config.panics && self.rng.below(20) == 0;
+        let bomb = self.config.drop_panics && self.rng.below(20) == 0;
         let id = self.id(self.owned.len());
         let first_due = self.ledger.now() + initial.as_nanos() as u64;
         self.ledger.entry(id).gate.store(gate(0, first_due), SeqCst);
@@ -482,7 +490,10 @@ impl Submitter {
             self.ledger.record_cancel(live.id);
             self.counts.cancels_true += 1;
             if live.handle.state() != TimerState::Cancelled {
-                panic!("cancel() returned true, then state {:?}", live.handle.state());
+                panic!(
+                    "cancel() returned true, then state {:?}",
+                    live.handle.state()
+                );
             }
         }
     }
@@ -707,12 +718,22 @@ fn check_ids(
     ledger: &Ledger,
     owned: &[Vec<Owned>],
     final_round: bool,
-) -> (Expected, Vec<String>) {
+) -> (Expected, Vec<(&'static str, u64, Vec<String>)>) {
     let mut expected = Expected::default();
-    let mut violations: Vec<String> = Vec::new();
-    let mut report = |what: String| {
-        if violations.len() < 20 {
-            violations.push(what);
+    // Per kind of violation: how many, and the first few.
+    let mut violations: Vec<(&'static str, u64, Vec<String>)> = Vec::new();
+    let mut report = |kind: &'static str, what: String| {
+        let index = match violations.iter().position(|(known, ..)| *known == kind) {
+            Some(index) => index,
+            None => {
+                violations.push((kind, 0, Vec::new()));
+                violations.len() - 1
+            }
+        };
+        let (_, count, examples) = &mut violations[index];
+        *count += 1;
+        if examples.len() < 3 {
+            examples.push(what);
         }
     };
     for (t, owned) in owned.iter().enumerate() {
@@ -725,18 +746,27 @@ fn check_ids(
             let returned = entry.returned.load(SeqCst);
             let by_panic = entry.ended_by_panic.load(SeqCst);
             if drops != 1 {
-                report(format!("id {id} {owned:?}: task dropped {drops} times"));
+                report(
+                    "task not dropped exactly once",
+                    format!("id {id} {owned:?}: task dropped {drops} times"),
+                );
             }
             if cancels > 1 {
-                report(format!("id {id} {owned:?}: cancel() returned true {cancels} times"));
+                report(
+                    "cancel() true twice",
+                    format!("id {id} {owned:?}: cancel() returned true {cancels} times"),
+                );
             }
             if owned.refused.is_some() {
                 expected.refused += 1;
                 if started + cancels + returned != 0 {
-                    report(format!(
-                        "id {id} {owned:?}: refused, yet started {started}, cancelled \
+                    report(
+                        "refused timer ran or was cancelled",
+                        format!(
+                            "id {id} {owned:?}: refused, yet started {started}, cancelled \
                          {cancels}, returned {returned}"
-                    ));
+                        ),
+                    );
                 }
                 continue;
             }
@@ -751,17 +781,23 @@ fn check_ids(
                     expected.panicked_at_least += 1;
                 }
                 if started + cancels + returned != 1 {
-                    report(format!(
-                        "id {id} {owned:?}: one-shot started {started}, cancelled {cancels}, \
+                    report(
+                        "one-shot lost or doubled (not exactly one of ran / cancelled / returned)",
+                        format!(
+                            "id {id} {owned:?}: one-shot started {started}, cancelled {cancels}, \
                          returned {returned} (exactly one expected)"
-                    ));
+                        ),
+                    );
                 }
                 let ran_at = entry.ran_at.load(SeqCst);
                 if started >= 1 && ran_at < owned.not_before {
-                    report(format!(
-                        "id {id} {owned:?}: ran {} µs early",
-                        (owned.not_before - ran_at) / 1000
-                    ));
+                    report(
+                        "one-shot ran early",
+                        format!(
+                            "id {id} {owned:?}: ran {} µs early",
+                            (owned.not_before - ran_at) / 1000
+                        ),
+                    );
                 }
                 continue;
             }
@@ -780,24 +816,34 @@ fn check_ids(
             if ended_by_shutdown {
                 expected.cancelled += 1;
             }
-            if cancels + returned > 1 || !(cancels == 1 || returned == 1 || by_panic || ended_by_shutdown)
+            if cancels + returned > 1
+                || !(cancels == 1 || returned == 1 || by_panic || ended_by_shutdown)
             {
-                report(format!(
-                    "id {id} {owned:?}: repeating ended oddly: cancelled {cancels}, returned \
+                report(
+                    "repeating timer ended oddly",
+                    format!(
+                        "id {id} {owned:?}: repeating ended oddly: cancelled {cancels}, returned \
                      {returned}, ended by panic {by_panic}, started {started}"
-                ));
+                    ),
+                );
             }
             if cancels == 1 && started > entry.started_at_cancel.load(SeqCst) + 1 {
-                report(format!(
-                    "id {id} {owned:?}: {} runs started after cancel() returned true",
-                    started - entry.started_at_cancel.load(SeqCst)
-                ));
+                report(
+                    "repeating ran after cancel",
+                    format!(
+                        "id {id} {owned:?}: {} runs started after cancel() returned true",
+                        started - entry.started_at_cancel.load(SeqCst)
+                    ),
+                );
             }
             if let Some(panic_at) = owned.panic_at {
                 if started > panic_at {
-                    report(format!(
-                        "id {id} {owned:?}: ran {started} runs after panicking in run {panic_at}"
-                    ));
+                    report(
+                        "repeating ran after its panic",
+                        format!(
+                            "id {id} {owned:?}: ran {started} runs after panicking in run {panic_at}"
+                        ),
+                    );
                 }
             }
         }
@@ -825,7 +871,12 @@ fn soak() {
         config.seed,
         config.ops,
         config.round_ops,
-        u8::from(config.panics),
+        match (config.drop_panics, config.payload_panics) {
+            (true, true) => "1",
+            (true, false) => "drop",
+            (false, true) => "payload",
+            (false, false) => "0",
+        },
         u8::from(config.repeat_panics)
     );
     let started = Instant::now();
@@ -849,7 +900,7 @@ fn soak() {
         .unwrap();
     // The last round is cut short by shutdown: one round more than the count needs.
     let rounds = config.ops.div_ceil(config.round_ops) + 1;
-    let barrier = Arc::new(Barrier::new(SUBMITTERS + 1));
+    let barrier = Arc::new(Barrier::new(SUBMITTERS));
     let mut senders = Vec::new();
     let mut receivers = Vec::new();
     for _ in 0..SUBMITTERS {
@@ -917,14 +968,15 @@ fn soak() {
         let final_round = round + 1 == rounds;
         let round_started = Instant::now();
         let stop = Arc::new(AtomicBool::new(false));
-        let async_thread = {
+        let (async_done, async_result) = mpsc::channel();
+        {
             let (timer, stop) = (timer.clone(), stop.clone());
             let seed = config.seed.wrapping_add(round);
             std::thread::Builder::new()
                 .name("soak-async".into())
-                .spawn(move || run_async(timer, stop, seed))
-                .unwrap()
-        };
+                .spawn(move || async_done.send(run_async(timer, stop, seed)))
+                .unwrap();
+        }
         let ops = config.round_ops / SUBMITTERS as u64;
         for command in &commands {
             command.send(Some((ops, final_round))).unwrap();
@@ -949,16 +1001,30 @@ fn soak() {
                 Err(_) => shutdown_panicked = true,
             }
         }
-        barrier.wait();
         let mut owned = Vec::new();
         let mut counts = Counts::default();
+        // A thread that does not come back is stuck in the engine (or the engine lost the
+        // timer it waits for): report what is known rather than hang.
+        let hung = |what: &str, failures: &[String]| -> ! {
+            panic!(
+                "seed {}: round {round}: {what} did not finish within {SETTLE:?}; pending() = {}; \
+                 earlier failures:\n{}",
+                config.seed,
+                timer.pending(),
+                failures.join("\n")
+            )
+        };
         for results_of in &results {
-            let (owned_of, counts_of) = results_of.recv().unwrap();
+            let Ok((owned_of, counts_of)) = results_of.recv_timeout(SETTLE) else {
+                hung("a submitter thread", &failures);
+            };
             owned.push(owned_of);
             counts.add(&counts_of);
         }
         stop.store(true, SeqCst);
-        let async_counts = async_thread.join().expect("async thread");
+        let Ok(async_counts) = async_result.recv_timeout(SETTLE) else {
+            hung("the async thread (a sleep never completed)", &failures);
+        };
         total.add(&counts);
         async_total.sleeps += async_counts.sleeps;
         async_total.completed += async_counts.completed;
@@ -988,15 +1054,21 @@ fn soak() {
             ));
         }
         if !pending_settled {
-            fail(format!("pending() = {} at the end of the round", timer.pending()));
+            fail(format!(
+                "pending() = {} at the end of the round",
+                timer.pending()
+            ));
         }
-        for violation in &violations {
-            fail(violation.clone());
+        for (kind, count, examples) in &violations {
+            fail(format!(
+                "{count} ids: {kind}; e.g.\n    {}",
+                examples.join("\n    ")
+            ));
         }
         // Sleeps: whatever the engine counts beyond our callback timers.
         let sleep_scheduled = scheduled as i64 - expected.accepted as i64;
-        let sleep_settled = fired as i64 - expected.fired as i64 + cancelled as i64
-            - expected.cancelled as i64;
+        let sleep_settled =
+            fired as i64 - expected.fired as i64 + cancelled as i64 - expected.cancelled as i64;
         if after.scheduled != after.fired.wrapping_add(after.cancelled) || after.pending != 0 {
             fail(format!(
                 "stats do not add up: scheduled {} != fired {} + cancelled {} (pending {})",
@@ -1017,7 +1089,9 @@ fn soak() {
             ));
         }
         if panicked < expected.panicked_at_least
-            || (!config.panics && panicked != expected.panicked_at_least)
+            || (!config.drop_panics
+                && !config.payload_panics
+                && panicked != expected.panicked_at_least)
         {
             fail(format!(
                 "stats.panicked {panicked}, the ledger says at least {}",
@@ -1025,11 +1099,16 @@ fn soak() {
             ));
         }
         if async_counts.early > 0 {
-            fail(format!("{} sleeps or timeouts completed early", async_counts.early));
+            fail(format!(
+                "{} sleeps or timeouts completed early",
+                async_counts.early
+            ));
         }
         let high = ledger.pending_high.load(SeqCst);
         if high > MAX_PENDING {
-            fail(format!("pending() read {high}, above max_pending {MAX_PENDING}"));
+            fail(format!(
+                "pending() read {high}, above max_pending {MAX_PENDING}"
+            ));
         }
         // Idle: the shards give memory back once they hold no timer.
         std::thread::sleep(IDLE_GAP);
