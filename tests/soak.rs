@@ -45,8 +45,8 @@ use support::{Rng, quiet_intentional_panics, resident_pages, wait_until};
 
 const SUBMITTERS: usize = 4;
 /// Sleeping futures kept in flight by the async thread.
-const ASYNC_TASKS: usize = 32;
-const MAX_PENDING: usize = 3000;
+const ASYNC_TASKS: usize = 64;
+const MAX_PENDING: usize = 2500;
 /// A submitter holds at most this many handles (together more than `MAX_PENDING`, so the limit
 /// is hit whenever long timers pile up).
 const LIVE_CAP: usize = 1200;
@@ -152,6 +152,8 @@ struct Ledger {
     overlaps: AtomicU64,
     /// A repeating run that started before its deadline (first or reset).
     early_repeating: AtomicU64,
+    /// The first early repeating run, described.
+    early_example: std::sync::Mutex<Option<String>>,
     /// Largest `pending()` seen by a submitter.
     pending_high: AtomicUsize,
 }
@@ -435,6 +437,17 @@ impl Submitter {
             let gate = entry.gate.load(SeqCst);
             if u64::from(run) > gate >> GATE_SHIFT && now < gate & GATE_MASK {
                 ledger.early_repeating.fetch_add(1, SeqCst);
+                let mut example = ledger.early_example.lock().unwrap();
+                if example.is_none() {
+                    *example = Some(format!(
+                        "id {} ({kind:?}, period {period:?}): run {run} started {} µs before \
+                         {} µs (runs above {} gated)",
+                        guard.id,
+                        ((gate & GATE_MASK) - now) / 1000,
+                        (gate & GATE_MASK) / 1000,
+                        gate >> GATE_SHIFT
+                    ));
+                }
             }
             if Some(run) == panic_at {
                 entry.ended_by_panic.store(true, SeqCst);
@@ -891,6 +904,7 @@ fn soak() {
         dropped: AtomicU64::new(0),
         overlaps: AtomicU64::new(0),
         early_repeating: AtomicU64::new(0),
+        early_example: std::sync::Mutex::new(None),
         pending_high: AtomicUsize::new(0),
     });
     let timer = Timer::builder()
@@ -1110,6 +1124,37 @@ fn soak() {
                 "pending() read {high}, above max_pending {MAX_PENDING}"
             ));
         }
+        // The limit is exact: with nothing pending, exactly `MAX_PENDING` more fit (a leaked
+        // or twice released place shows here). Not after shutdown.
+        if !final_round && settled && pending_settled {
+            let fill: Vec<TimerHandle> = (0..MAX_PENDING)
+                .map_while(|_| timer.schedule(Duration::from_secs(3600), || {}).ok())
+                .collect();
+            let over = timer.schedule(Duration::from_secs(3600), || {});
+            if fill.len() != MAX_PENDING || !matches!(over, Err(ScheduleError::Full)) {
+                fail(format!(
+                    "the limit is not exact: {} of {MAX_PENDING} fitted, one more: {:?}",
+                    fill.len(),
+                    over.as_ref().map(|_| ())
+                ));
+            }
+            if timer.pending() != MAX_PENDING {
+                fail(format!(
+                    "pending() = {} with {MAX_PENDING} held",
+                    timer.pending()
+                ));
+            }
+            drop(over);
+            let cancelled = fill.iter().filter(|handle| handle.cancel()).count();
+            if cancelled != fill.len() || timer.pending() != 0 {
+                fail(format!(
+                    "cancelled {cancelled} of {} fill timers, pending() = {}",
+                    fill.len(),
+                    timer.pending()
+                ));
+            }
+        }
+        let after = timer.stats();
         // Idle: the shards give memory back once they hold no timer.
         std::thread::sleep(IDLE_GAP);
         let rss = resident_pages();
@@ -1152,7 +1197,9 @@ fn soak() {
         let early = ledger.early_repeating.swap(0, SeqCst);
         if overlaps + early > 0 {
             failures.push(format!(
-                "round {round}: repeating runs overlapped {overlaps} times, started early {early} times"
+                "round {round}: repeating runs overlapped {overlaps} times, started early {early} \
+                 times (first: {:?})",
+                ledger.early_example.lock().unwrap().take()
             ));
         }
         if !failures.is_empty() {
@@ -1170,6 +1217,15 @@ fn soak() {
     drop(timer);
     std::thread::sleep(IDLE_GAP);
     let rss_end = resident_pages();
+    if let Some(first) = rss_after_first {
+        if rss_end > first + first / 4 + 2048 {
+            failures.push(format!(
+                "resident set {} MiB after shutdown, after the first round {} MiB",
+                rss_end * PAGE_KIB / 1024,
+                first * PAGE_KIB / 1024
+            ));
+        }
+    }
     println!(
         "soak: {} ops in {:?} (seed {}): full {}, refused at shutdown {}, cancels true {}, \
          resets {}/{} true, async sleeps {} (completed {}, full {}, shutdown {}), schedule \
