@@ -154,6 +154,8 @@ struct Ledger {
     early_repeating: AtomicU64,
     /// The first early repeating run, described.
     early_example: std::sync::Mutex<Option<String>>,
+    /// When the current round started (nanoseconds since `base`).
+    round_start: AtomicU64,
     /// Largest `pending()` seen by a submitter.
     pending_high: AtomicUsize,
 }
@@ -259,6 +261,15 @@ struct Owned {
     panic_at: Option<u32>,
     /// The handle's state after the round's final cancel.
     end_state: Option<TimerState>,
+    /// For diagnosis: when it was scheduled (nanoseconds since `base`) and with what delay
+    /// (µs), how many resets returned true, and the last one's time and delay (µs).
+    #[allow(dead_code)]
+    scheduled_at: u64,
+    #[allow(dead_code)]
+    delay_micros: u64,
+    resets_true: u32,
+    last_reset_at: u64,
+    last_reset_micros: u64,
 }
 
 struct Live {
@@ -402,6 +413,11 @@ impl Submitter {
             bomb,
             panic_at: None,
             end_state: None,
+            scheduled_at: not_before - delay.as_nanos() as u64,
+            delay_micros: delay.as_micros() as u64,
+            resets_true: 0,
+            last_reset_at: 0,
+            last_reset_micros: 0,
         };
         self.submit(|timer| timer.schedule(delay, task), owned);
     }
@@ -464,6 +480,11 @@ impl Submitter {
             bomb,
             panic_at,
             end_state: None,
+            scheduled_at: first_due - initial.as_nanos() as u64,
+            delay_micros: initial.as_micros() as u64,
+            resets_true: 0,
+            last_reset_at: 0,
+            last_reset_micros: 0,
         };
         self.submit(
             |timer| match kind {
@@ -525,7 +546,11 @@ impl Submitter {
             let not_before = self.ledger.now() + delay.as_nanos() as u64;
             if self.live[index].handle.reset(delay) {
                 self.counts.resets_true += 1;
-                self.owned_mut(id).not_before = not_before;
+                let owned = self.owned_mut(id);
+                owned.not_before = not_before;
+                owned.resets_true += 1;
+                owned.last_reset_at = not_before - delay.as_nanos() as u64;
+                owned.last_reset_micros = delay.as_micros() as u64;
             }
         } else {
             let delay = Duration::from_micros(self.rng.below(4_000));
@@ -807,7 +832,10 @@ fn check_ids(
                     report(
                         "one-shot ran early",
                         format!(
-                            "id {id} {owned:?}: ran {} µs early",
+                            "id {id} {owned:?}: ran at {} µs (round started at {} µs), {} µs \
+                             early",
+                            ran_at / 1000,
+                            ledger.round_start.load(SeqCst) / 1000,
                             (owned.not_before - ran_at) / 1000
                         ),
                     );
@@ -905,6 +933,7 @@ fn soak() {
         overlaps: AtomicU64::new(0),
         early_repeating: AtomicU64::new(0),
         early_example: std::sync::Mutex::new(None),
+        round_start: AtomicU64::new(0),
         pending_high: AtomicUsize::new(0),
     });
     let timer = Timer::builder()
@@ -981,6 +1010,7 @@ fn soak() {
     for round in 0..rounds {
         let final_round = round + 1 == rounds;
         let round_started = Instant::now();
+        ledger.round_start.store(ledger.now(), SeqCst);
         let stop = Arc::new(AtomicBool::new(false));
         let (async_done, async_result) = mpsc::channel();
         {
