@@ -750,16 +750,19 @@ struct Expected {
     panicked_at_least: u64,
 }
 
+/// One kind of violation: its description, how many ids, and the first few of them.
+type Violations = (&'static str, u64, Vec<String>);
+
 /// Checks every id of a round; returns what the engine's counters must show, and the
 /// violations found (each with up to a few examples).
 fn check_ids(
     ledger: &Ledger,
     owned: &[Vec<Owned>],
     final_round: bool,
-) -> (Expected, Vec<(&'static str, u64, Vec<String>)>) {
+) -> (Expected, Vec<Violations>) {
     let mut expected = Expected::default();
     // Per kind of violation: how many, and the first few.
-    let mut violations: Vec<(&'static str, u64, Vec<String>)> = Vec::new();
+    let mut violations: Vec<Violations> = Vec::new();
     let mut report = |kind: &'static str, what: String| {
         let index = match violations.iter().position(|(known, ..)| *known == kind) {
             Some(index) => index,
