@@ -21,6 +21,7 @@
 //! * every task was dropped exactly once (none leaked, none dropped twice);
 //!
 //! and per round: `pending() == 0` (exact, as `max_pending` is set) and never above the limit,
+//! exactly `max_pending` more timers fit then (no place leaked or released twice),
 //! `Stats` add up (scheduled = fired + cancelled, each matching the ledger, sleeps included),
 //! panics counted, no sleep or timeout completed early, and the resident set back near its
 //! level after the second round (the first warms the allocator).
