@@ -1234,15 +1234,13 @@ fn soak() {
         match rss_after_first {
             None if round >= 1.min(rounds - 2) => rss_after_first = Some(rss),
             None => {}
-            Some(first) if !final_round => {
-                // 25% and 8 MiB of slack: allocator caches and the noise of many threads.
-                if rss > first + first / 4 + 2048 {
-                    fail(format!(
-                        "resident set {} MiB, after the second round {} MiB",
-                        rss * PAGE_KIB / 1024,
-                        first * PAGE_KIB / 1024
-                    ));
-                }
+            // 25% and 8 MiB of slack: allocator caches and the noise of many threads.
+            Some(first) if !final_round && rss > first + first / 4 + 2048 => {
+                fail(format!(
+                    "resident set {} MiB, after the second round {} MiB",
+                    rss * PAGE_KIB / 1024,
+                    first * PAGE_KIB / 1024
+                ));
             }
             Some(_) => {}
         }
