@@ -315,10 +315,11 @@ impl Timer {
     /// If `period` is zero, as tokio's does.
     #[track_caller]
     pub fn interval_at(&self, start: Instant, period: Duration) -> Interval {
-        match self.try_interval_at(start, period) {
-            Ok(interval) => interval,
-            Err(_) => panic!("shardwheel: an interval's `period` must be non-zero"),
-        }
+        assert!(
+            !period.is_zero(),
+            "shardwheel: an interval's `period` must be non-zero"
+        );
+        Interval::new(self.sleep_until(start), period)
     }
 
     /// Like [`interval_at`](Self::interval_at), but a zero `period` is
