@@ -421,7 +421,9 @@ impl Interval {
                 let due = self.sleep.deadline();
                 let now = self.now();
                 let period = self.period;
-                let late = due.checked_add(TICK_TOLERANCE).is_none_or(|on_time| now > on_time);
+                let late = due
+                    .checked_add(TICK_TOLERANCE)
+                    .is_none_or(|on_time| now > on_time);
                 let next = match self.missed {
                     MissedTickBehavior::Delay if late => now.checked_add(period),
                     MissedTickBehavior::Skip if late => {
@@ -461,7 +463,10 @@ impl Interval {
     /// The next tick is one period from now, and the grid continues from it.
     pub fn reset(&mut self) {
         let now = self.now();
-        self.reset_at(now.checked_add(self.period).unwrap_or_else(|| crate::timer::far_future(now)));
+        self.reset_at(
+            now.checked_add(self.period)
+                .unwrap_or_else(|| crate::timer::far_future(now)),
+        );
     }
 
     /// The next tick is now, and the grid continues from it.
@@ -473,7 +478,10 @@ impl Interval {
     /// The next tick is `after` from now, and the grid continues from it.
     pub fn reset_after(&mut self, after: Duration) {
         let now = self.now();
-        self.reset_at(now.checked_add(after).unwrap_or_else(|| crate::timer::far_future(now)));
+        self.reset_at(
+            now.checked_add(after)
+                .unwrap_or_else(|| crate::timer::far_future(now)),
+        );
     }
 
     /// The next tick is at `deadline`, and the grid continues from it.

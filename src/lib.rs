@@ -38,21 +38,21 @@ mod timer;
 pub mod wheel;
 
 pub use clock::Clock;
-pub use engine::executor::Executor;
-pub use engine::handle::TimerHandle;
-pub use engine::shard::UnfiredTimer;
-pub use engine::slot::TimerState;
 pub use default_timer::{
     default_timer, interval, interval_at, set_default_timer, sleep, sleep_until, timeout,
     timeout_at,
 };
+pub use engine::executor::Executor;
+pub use engine::handle::TimerHandle;
+pub use engine::shard::UnfiredTimer;
+pub use engine::slot::TimerState;
 pub use error::{BuildError, DefaultTimerError, ScheduleError};
 pub use futures::{Elapsed, Interval, Sleep, Timeout};
 #[cfg(feature = "hyper")]
 pub use hyper_timer::HyperTimer;
+pub use periodic::MissedTickBehavior;
 #[allow(deprecated)]
 pub use periodic::MissedTicks;
-pub use periodic::MissedTickBehavior;
 pub use stats::{ShardStats, Stats};
 pub use timer::{Builder, Timer};
 

@@ -168,7 +168,12 @@ fn an_unpolled_sleep_never_touches_the_engine() {
     let after = timer.stats();
     assert_eq!(
         (after.scheduled, after.cancelled, after.fired, after.reset),
-        (before.scheduled, before.cancelled, before.fired, before.reset)
+        (
+            before.scheduled,
+            before.cancelled,
+            before.fired,
+            before.reset
+        )
     );
     // A sleep first polled after its deadline completes without a timer.
     let mut late = timer.sleep(Duration::from_millis(2));
@@ -265,10 +270,13 @@ fn poll_sleep_noop(sleep: &mut Sleep) -> Poll<Result<(), ScheduleError>> {
 
 /// The panic message of `run`, which must panic.
 fn panic_message(run: impl FnOnce()) -> String {
-    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).expect_err("no panic");
+    let payload =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).expect_err("no panic");
     match payload.downcast::<String>() {
         Ok(message) => *message,
-        Err(payload) => payload.downcast::<&str>().map_or_else(|_| String::new(), |m| m.to_string()),
+        Err(payload) => payload
+            .downcast::<&str>()
+            .map_or_else(|_| String::new(), |m| m.to_string()),
     }
 }
 
@@ -282,11 +290,19 @@ fn sleep_on_a_shut_down_timer_panics_and_the_fallible_forms_report_it() {
     timer.shutdown();
     // Making a sleep is fine (lazy); polling it panics, naming the error.
     let message = panic_message(|| block_on(timer.sleep(Duration::from_millis(1))));
-    assert!(message.contains(&ScheduleError::Shutdown.to_string()), "{message}");
+    assert!(
+        message.contains(&ScheduleError::Shutdown.to_string()),
+        "{message}"
+    );
     let mut sleep = timer.sleep(Duration::from_millis(1));
-    assert_eq!(poll_sleep_noop(&mut sleep), Poll::Ready(Err(ScheduleError::Shutdown)));
     assert_eq!(
-        timer.try_sleep_until(Instant::now() + Duration::from_millis(1)).unwrap_err(),
+        poll_sleep_noop(&mut sleep),
+        Poll::Ready(Err(ScheduleError::Shutdown))
+    );
+    assert_eq!(
+        timer
+            .try_sleep_until(Instant::now() + Duration::from_millis(1))
+            .unwrap_err(),
         ScheduleError::Shutdown
     );
     // A deadline that has passed needs no timer: it completes.
@@ -300,15 +316,26 @@ fn a_sleep_that_cannot_get_a_timer_reports_full() {
     let mut first = timer.sleep(Duration::from_secs(60));
     assert!(poll_noop(&mut first).is_pending());
     let mut second = timer.sleep(Duration::from_millis(1));
-    assert_eq!(poll_sleep_noop(&mut second), Poll::Ready(Err(ScheduleError::Full)));
+    assert_eq!(
+        poll_sleep_noop(&mut second),
+        Poll::Ready(Err(ScheduleError::Full))
+    );
     let soon = Instant::now() + Duration::from_millis(1);
-    assert_eq!(timer.try_sleep_until(soon).unwrap_err(), ScheduleError::Full);
+    assert_eq!(
+        timer.try_sleep_until(soon).unwrap_err(),
+        ScheduleError::Full
+    );
     let message = panic_message(|| block_on(timer.sleep(Duration::from_millis(1))));
-    assert!(message.contains(&ScheduleError::Full.to_string()), "{message}");
+    assert!(
+        message.contains(&ScheduleError::Full.to_string()),
+        "{message}"
+    );
     drop(first);
     // The next poll tries again.
     block_on(second);
-    let armed = timer.try_sleep_until(Instant::now() + Duration::from_millis(1)).unwrap();
+    let armed = timer
+        .try_sleep_until(Instant::now() + Duration::from_millis(1))
+        .unwrap();
     assert_eq!(timer.pending(), 1);
     block_on(armed);
 }
@@ -322,7 +349,9 @@ fn shutdown_wakes_a_task_awaiting_a_sleep() {
     let mut sleep = timer.sleep(Duration::from_secs(60));
     let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let result = block_on(std::future::poll_fn(|cx| Pin::new(&mut sleep).poll_sleep(cx)));
+        let result = block_on(std::future::poll_fn(|cx| {
+            Pin::new(&mut sleep).poll_sleep(cx)
+        }));
         sender.send(result)
     });
     std::thread::sleep(Duration::from_millis(50));
