@@ -250,6 +250,16 @@ impl Sleep {
             shared.waker.register(cx.waker());
             let tick = this.engine.clock.tick_at(this.deadline);
             return match this.engine.submit(tick, wake_task(shared.clone())) {
+                // A manual clock's shard turns only in `advance`: one that passed the deadline
+                // and drove the shard before the timer reached it would leave the timer to the
+                // next advance. Look at the time again (`now_ordered`: either it shows that
+                // advance, or that advance's drive saw the timer). The `sleep_first_poll_*`
+                // loom model deadlocks without this. The system clock's shard turns by itself.
+                Ok(timer) if clock.is_manual() && clock.now_ordered() >= this.deadline => {
+                    timer.cancel();
+                    this.elapsed = true;
+                    Poll::Ready(Ok(()))
+                }
                 Ok(timer) => {
                     this.timer = Some(timer);
                     Poll::Pending
@@ -264,7 +274,7 @@ impl Sleep {
         match timer.state() {
             // The deadline may have passed without the shard having turned yet (a manual clock
             // moves only on `advance`): time, not the shard, decides.
-            TimerState::Pending if clock.now() < this.deadline => Poll::Pending,
+            TimerState::Pending if clock.now_ordered() < this.deadline => Poll::Pending,
             state @ (TimerState::Pending | TimerState::Expired) => {
                 if state == TimerState::Pending {
                     timer.cancel();

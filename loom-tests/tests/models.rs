@@ -330,6 +330,35 @@ fn sleep_wakes_the_latest_waker() {
     });
 }
 
+/// Model 7b (async, lazy registration): a `Sleep`'s first poll finds its deadline ahead and
+/// schedules its timer while another thread advances the clock past the deadline. Either the
+/// poll completes, or the one waker it registered is woken: an advance whose drive ran before
+/// the timer reached the shard must be seen by the poll (a lost wake-up deadlocks).
+#[test]
+fn sleep_first_poll_registers_without_losing_the_wake_up() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let mut sleep = timer.sleep(MILLISECOND);
+        let (woken, waker) = loom_waker();
+        let firer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(2 * MILLISECOND))
+        };
+        let mut context = Context::from_waker(&waker);
+        if Pin::new(&mut sleep).poll(&mut context).is_pending() {
+            while woken.woken.load(Ordering::SeqCst) == 0 {
+                woken.notify.wait();
+            }
+            assert_eq!(Pin::new(&mut sleep).poll(&mut context), Poll::Ready(()));
+        }
+        firer.join().unwrap();
+    });
+}
+
 /// Model 8: a shard releases its slot table (`try_release`: walk the free list, seal, empty,
 /// give the pages back) while a user thread frees the last slot and allocates. Every outcome
 /// must leave two distinct, pending timers, and no stale (index, generation) may touch them:
