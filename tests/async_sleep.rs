@@ -124,8 +124,9 @@ fn dropping_pending_sleeps_cancels_their_timers_and_releases_them_at_once() {
         assert!(poll_once(sleep, &waker).is_pending());
     }
     assert_eq!(timer.pending(), SLEEPS);
-    // Each pending sleep holds a clone of the waker (plus `counter` and `waker` themselves).
-    assert_eq!(Arc::strong_count(&counter), SLEEPS + 2);
+    // Each pending sleep and its timer's task hold a clone of the waker (plus `counter` and
+    // `waker` themselves).
+    assert_eq!(Arc::strong_count(&counter), 2 * SLEEPS + 2);
 
     let dropped_at = Instant::now();
     drop(sleeps);
@@ -134,7 +135,8 @@ fn dropping_pending_sleeps_cancels_their_timers_and_releases_them_at_once() {
     let after = timer.stats();
     assert_eq!(after.cancelled - before.cancelled, SLEEPS as u64);
     assert_eq!(timer.pending(), 0);
-    // The shard drops the cancelled timers' tasks (and with them the wakers) at its next turn.
+    // The sleeps' clones went with them; the shard drops the cancelled timers' tasks (and with
+    // them their clones) at its next turn.
     assert!(
         wait_until(Duration::from_secs(5), || Arc::strong_count(&counter) == 2),
         "wakers still held: {}",
@@ -205,12 +207,15 @@ fn dropping_a_completed_sleep_cancels_nothing() {
 fn reset_moves_the_deadline_earlier() {
     let timer = timer();
     let mut sleep = timer.sleep(Duration::from_secs(30));
-    assert!(poll_noop(&mut sleep).is_pending());
     let reset_at = Instant::now();
     let deadline = reset_at + Duration::from_millis(20);
-    Pin::new(&mut sleep).reset(deadline);
-    assert_eq!(sleep.deadline(), deadline);
-    block_on(&mut sleep);
+    // One task polls throughout (a poll under another task's waker replaces the timer).
+    block_on(async {
+        assert!(poll_in_task(&mut sleep).await.is_pending());
+        Pin::new(&mut sleep).reset(deadline);
+        assert_eq!(sleep.deadline(), deadline);
+        (&mut sleep).await;
+    });
     let now = Instant::now();
     assert!(now >= deadline);
     assert!(
@@ -251,8 +256,10 @@ fn reset_after_completion_arms_the_sleep_again() {
     let again = Instant::now() + Duration::from_millis(40);
     Pin::new(&mut sleep).reset(again);
     assert!(!sleep.is_elapsed());
-    assert!(poll_noop(&mut sleep).is_pending());
-    block_on(&mut sleep);
+    block_on(async {
+        assert!(poll_in_task(&mut sleep).await.is_pending());
+        (&mut sleep).await;
+    });
     assert!(Instant::now() >= again);
 
     // Into the past: completes at the next poll, without a timer.
@@ -261,6 +268,30 @@ fn reset_after_completion_arms_the_sleep_again() {
     block_on(&mut sleep);
     assert!(before.elapsed() < Duration::from_millis(500));
     assert_eq!(timer.stats().scheduled, 2);
+}
+
+/// Polls `sleep` once, from inside a task (with the task's waker).
+async fn poll_in_task(sleep: &mut Sleep) -> Poll<()> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *sleep).poll(cx))).await
+}
+
+/// A pending sleep polled under another task's waker replaces its timer (the old one's task
+/// would wake the old task); under the same task's waker it keeps it.
+#[test]
+fn a_poll_under_another_waker_replaces_the_timer() {
+    let timer = timer();
+    let (first, first_waker) = counting_waker();
+    let (second, second_waker) = counting_waker();
+    let mut sleep = timer.sleep(Duration::from_millis(30));
+    assert!(poll_once(&mut sleep, &first_waker).is_pending());
+    assert!(poll_once(&mut sleep, &first_waker).is_pending());
+    assert_eq!(timer.stats().scheduled, 1);
+    assert!(poll_once(&mut sleep, &second_waker).is_pending());
+    let stats = timer.stats();
+    assert_eq!((stats.scheduled, stats.cancelled), (2, 1));
+    assert!(wait_until(Duration::from_secs(2), || second.wakes() == 1));
+    assert_eq!(first.wakes(), 0, "the replaced timer woke the old waker");
+    assert_eq!(poll_once(&mut sleep, &second_waker), Poll::Ready(()));
 }
 
 /// Polls `sleep` with `poll_sleep`, which reports what `poll` panics on.

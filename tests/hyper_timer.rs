@@ -11,6 +11,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use shardwheel::{HyperTimer, Timer};
 use std::convert::Infallible;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -121,21 +122,19 @@ fn hyper_timer_resets_a_shardwheel_sleep_in_place() {
     let timer = Timer::builder().shards(1).build().expect("build timer");
     let hyper_timer = HyperTimer::new(timer.clone());
     assert!(hyper_timer.now() >= timer.clock().now() - Duration::from_secs(1));
-    let mut sleep = hyper_timer.sleep(Duration::from_secs(60));
-    let waker = std::task::Waker::noop();
-    assert!(
-        sleep
-            .as_mut()
-            .poll(&mut std::task::Context::from_waker(waker))
-            .is_pending()
-    );
     let deadline = Instant::now() + Duration::from_millis(20);
-    hyper_timer.reset(&mut sleep, deadline);
-    futures::executor::block_on(sleep);
+    futures::executor::block_on(async {
+        let mut sleep = hyper_timer.sleep(Duration::from_secs(60));
+        let first = std::future::poll_fn(|cx| Poll::Ready(sleep.as_mut().poll(cx))).await;
+        assert!(first.is_pending());
+        hyper_timer.reset(&mut sleep, deadline);
+        sleep.await;
+    });
     assert!(Instant::now() >= deadline);
     let stats = timer.stats();
     // One timer, moved: not replaced by a second one.
     assert_eq!((stats.scheduled, stats.reset), (1, 1));
+    let waker = std::task::Waker::noop();
     // A sleep from another timer is replaced by one of ours.
     let mut foreign: std::pin::Pin<Box<dyn hyper::rt::Sleep>> = Box::pin(ForeignSleep);
     hyper_timer.reset(&mut foreign, Instant::now());

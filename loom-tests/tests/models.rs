@@ -295,9 +295,9 @@ fn loom_waker() -> (std::sync::Arc<LoomWaker>, std::task::Waker) {
     (flag.clone(), std::task::Waker::from(flag))
 }
 
-/// Model 7 (async): a `Sleep` polled while its deadline passes on another thread: the
-/// register-then-recheck never loses the wake-up (a lost one deadlocks), and when the waker
-/// changes between polls, the latest one is woken.
+/// Model 7 (async): a `Sleep` polled while its deadline passes on another thread, under a new
+/// waker at its second poll: the latest waker is woken (the second poll replaces the timer, or
+/// finds it fired) and no wake-up is lost (a lost one deadlocks).
 #[test]
 fn sleep_wakes_the_latest_waker() {
     use std::future::Future;
