@@ -5,10 +5,10 @@
 //! for it, tokio neither).
 //!
 //! Also prints the sizes of both futures and the bytes allocated per sleep (all threads, after
-//! a warm-up): shardwheel's `Sleep`, once polled, owns an `Arc`'d waker cell (40 bytes) and a 48-byte slot in
-//! the engine's preallocated tables, and its schedule and cancel messages take a share of the
-//! inbox's queue blocks (transient: freed once the shard has read them); tokio's `Sleep` holds
-//! its timer entry inline and allocates nothing.
+//! a warm-up): shardwheel's `Sleep`, once polled, has a 48-byte slot in the engine's
+//! preallocated tables (its task holds the waker inline), and its schedule and cancel messages
+//! take a share of the inbox's queue blocks (transient: freed once the shard has read them);
+//! tokio's `Sleep` holds its timer entry inline and allocates nothing.
 //!
 //! Run with `cargo bench --bench sleep` (or `-- --test` for a quick check).
 
@@ -121,10 +121,9 @@ fn sleep_cost(c: &mut Criterion) {
     eprintln!(
         "size_of::<shardwheel::Sleep>() = {} bytes; heap per sleep on the calling thread: \
          {ours_allocs:.2} allocations, {ours_bytes:.1} bytes ({ours_all:.1} on all threads): \
-         the Arc'd waker cell (40 bytes, made at the first pending poll, lives as long as the \
-         Sleep) plus the inbox's queue \
-         blocks for the schedule and cancel messages (transient); the timer's 48-byte engine \
-         slot sits in preallocated, reused tables",
+         the inbox's queue blocks for the schedule and cancel messages (transient); the \
+         timer's 48-byte engine slot (its task holding the waker inline) sits in \
+         preallocated, reused tables",
         std::mem::size_of::<shardwheel::Sleep>()
     );
     eprintln!(

@@ -400,7 +400,7 @@ fn sizes_of_sleep_beside_tokio() {
     let ours = std::mem::size_of::<Sleep>();
     let tokio = std::mem::size_of::<tokio::time::Sleep>();
     eprintln!(
-        "size_of::<shardwheel::Sleep>() = {ours} (+ heap: Arc'd waker cell and a 48-byte engine slot), \
+        "size_of::<shardwheel::Sleep>() = {ours} (+ a 48-byte engine slot once polled), \
          size_of::<tokio::time::Sleep>() = {tokio} (timer entry inline)"
     );
     assert!(ours <= 64, "Sleep grew to {ours} bytes");
