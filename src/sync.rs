@@ -29,6 +29,12 @@ pub(crate) use std::thread_local;
 /// which the inbox's signal word already orders, so loom need not see it.
 pub(crate) use std::sync::OnceLock;
 
+/// The process-wide default timer's cells ([`crate::default_timer`]): plain `std` even under
+/// loom, because no model uses the default timer.
+pub(crate) mod process {
+    pub(crate) use std::sync::{Mutex, OnceLock};
+}
+
 /// Reference counting for registries that must hand out weak references (loom's `Arc` has no
 /// `Weak`): only the manual clock's list of engines to drive.
 pub(crate) mod registry {
@@ -41,26 +47,6 @@ pub(crate) mod registry {
 pub(crate) mod statistics {
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 }
-
-/// A cell whose accesses go through closures, so that loom can check them for races.
-#[cfg(not(loom))]
-#[derive(Debug, Default)]
-pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
-
-#[cfg(not(loom))]
-impl<T> UnsafeCell<T> {
-    pub(crate) fn new(value: T) -> UnsafeCell<T> {
-        UnsafeCell(std::cell::UnsafeCell::new(value))
-    }
-
-    /// Runs `access` with a raw pointer to the value; the caller upholds exclusive access.
-    pub(crate) fn with_mut<R>(&self, access: impl FnOnce(*mut T) -> R) -> R {
-        access(self.0.get())
-    }
-}
-
-#[cfg(loom)]
-pub(crate) use loom::cell::UnsafeCell;
 
 /// The lock-free multi-producer queue that carries messages to a shard.
 #[cfg(not(loom))]

@@ -8,7 +8,7 @@
 #[path = "engine_support.rs"]
 mod support;
 
-use shardwheel::{Clock, Executor, MissedTicks, Timer, TimerHandle, TimerState};
+use shardwheel::{Clock, Executor, MissedTickBehavior, Timer, TimerHandle, TimerState};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use support::{DropCounter, counter, get, quiet_intentional_panics};
@@ -53,7 +53,7 @@ fn repeating_doing(
     let shared: SharedHandle = Arc::new(Mutex::new(None));
     let (inner, runs, guard) = (shared.clone(), runs.clone(), DropCounter(drops.clone()));
     let handle = timer
-        .schedule_repeating(MS, MissedTicks::Skip, move || {
+        .schedule_repeating(MS, MissedTickBehavior::Skip, move || {
             let _guard = &guard;
             runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             let handle = inner.lock().unwrap().clone().expect("handle set");
@@ -190,7 +190,7 @@ fn shutdown_during_a_run(cancel: bool) {
     let drops = counter();
     let guard = DropCounter(drops.clone());
     let handle = timer
-        .schedule_repeating(MS, MissedTicks::Skip, move || {
+        .schedule_repeating(MS, MissedTickBehavior::Skip, move || {
             let _guard = &guard;
             entered_in.send(()).unwrap();
             release_in.lock().unwrap().recv().unwrap();
@@ -267,7 +267,7 @@ fn late_cancel_after_the_entry_table_was_given_back() {
     let handle = {
         let (inner, runs, guard) = (shared.clone(), runs.clone(), DropCounter(drops.clone()));
         timer
-            .schedule_repeating(MS, MissedTicks::Skip, move || {
+            .schedule_repeating(MS, MissedTickBehavior::Skip, move || {
                 let _guard = &guard;
                 runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 // Cancelled from another thread during the run: its Cancel is pushed only

@@ -36,7 +36,7 @@
 #[path = "engine_support.rs"]
 mod support;
 
-use shardwheel::{MissedTicks, ScheduleError, Stats, Timer, TimerHandle, TimerState};
+use shardwheel::{MissedTickBehavior, ScheduleError, Stats, Timer, TimerHandle, TimerState};
 use std::cell::Cell;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
@@ -236,7 +236,7 @@ impl Drop for PayloadBomb {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     OneShot,
-    FixedRate(MissedTicks),
+    FixedRate(MissedTickBehavior),
     FixedDelay,
 }
 
@@ -431,9 +431,9 @@ impl Submitter {
         let initial = Duration::from_micros(self.rng.below(3_000));
         let period = Duration::from_micros(500 + self.rng.below(3_500));
         let kind = match self.rng.below(4) {
-            0 => Kind::FixedRate(MissedTicks::Burst),
-            1 => Kind::FixedRate(MissedTicks::Delay),
-            2 => Kind::FixedRate(MissedTicks::Skip),
+            0 => Kind::FixedRate(MissedTickBehavior::Burst),
+            1 => Kind::FixedRate(MissedTickBehavior::Delay),
+            2 => Kind::FixedRate(MissedTickBehavior::Skip),
             _ => Kind::FixedDelay,
         };
         let panic_at = (self.config.repeat_panics && self.rng.below(3) == 0)
@@ -675,6 +675,13 @@ struct AsyncCounts {
     shutdown: u64,
 }
 
+/// Awaits `sleep`, reporting as an error what its plain `.await` panics on (a full or shut-down
+/// engine).
+async fn checked_sleep(sleep: shardwheel::Sleep) -> Result<(), ScheduleError> {
+    let mut sleep = std::pin::pin!(sleep);
+    std::future::poll_fn(|cx| sleep.as_mut().poll_sleep(cx)).await
+}
+
 /// Runs `ASYNC_TASKS` loops of sleeps, timeouts and abandoned sleeps until `stop` (or
 /// shutdown), on a single-threaded tokio runtime.
 fn run_async(timer: Timer, stop: Arc<AtomicBool>, seed: u64) -> AsyncCounts {
@@ -694,13 +701,13 @@ fn run_async(timer: Timer, stop: Arc<AtomicBool>, seed: u64) -> AsyncCounts {
                     let outcome = match rng.below(3) {
                         0 => {
                             counts.sleeps += 1;
-                            timer.sleep(short).await.map(|()| start + short)
+                            checked_sleep(timer.sleep(short)).await.map(|()| start + short)
                         }
                         1 => {
                             // A timeout around a sleep: whichever is due first wins.
                             counts.sleeps += 2;
                             let inner = Duration::from_micros(rng.below(5_000));
-                            match timer.timeout(short, timer.sleep(inner)).await {
+                            match timer.timeout(short, checked_sleep(timer.sleep(inner))).await {
                                 Err(_elapsed) => Ok(start + short),
                                 Ok(result) => result.map(|()| start + inner),
                             }
@@ -708,10 +715,10 @@ fn run_async(timer: Timer, stop: Arc<AtomicBool>, seed: u64) -> AsyncCounts {
                         _ => {
                             // A long sleep abandoned for a short one: dropping it cancels it.
                             counts.sleeps += 2;
-                            let long = timer.sleep(Duration::from_secs(3600));
+                            let long = checked_sleep(timer.sleep(Duration::from_secs(3600)));
                             tokio::select! {
                                 result = long => result.map(|()| start + Duration::from_secs(3600)),
-                                result = timer.sleep(short) => result.map(|()| start + short),
+                                result = checked_sleep(timer.sleep(short)) => result.map(|()| start + short),
                             }
                         }
                     };
