@@ -902,15 +902,15 @@ fn check_ids(
                     ),
                 );
             }
-            if let Some(panic_at) = owned.panic_at {
-                if started > panic_at {
-                    report(
-                        "repeating ran after its panic",
-                        format!(
-                            "id {id} {owned:?}: ran {started} runs after panicking in run {panic_at}"
-                        ),
-                    );
-                }
+            if let Some(panic_at) = owned.panic_at
+                && started > panic_at
+            {
+                report(
+                    "repeating ran after its panic",
+                    format!(
+                        "id {id} {owned:?}: ran {started} runs after panicking in run {panic_at}"
+                    ),
+                );
             }
         }
     }
@@ -1285,14 +1285,14 @@ fn soak() {
     drop(timer);
     std::thread::sleep(IDLE_GAP);
     let rss_end = resident_pages();
-    if let Some(first) = rss_after_first {
-        if rss_end > first + first / 4 + 2048 {
-            failures.push(format!(
-                "resident set {} MiB after shutdown, after the second round {} MiB",
-                rss_end * PAGE_KIB / 1024,
-                first * PAGE_KIB / 1024
-            ));
-        }
+    if let Some(first) = rss_after_first
+        && rss_end > first + first / 4 + 2048
+    {
+        failures.push(format!(
+            "resident set {} MiB after shutdown, after the second round {} MiB",
+            rss_end * PAGE_KIB / 1024,
+            first * PAGE_KIB / 1024
+        ));
     }
     println!(
         "soak: {} ops in {:?} (seed {}): full {}, refused at shutdown {}, cancels true {}, \
