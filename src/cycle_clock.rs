@@ -25,7 +25,8 @@
 //! (the counter did not go back) and less than [`REFRESH_NANOS`] of counts after `c0` (the base
 //! is fresh); otherwise the reading is a *refresh*: a new base whose `Instant::now()` is
 //! returned as it is. So every extrapolation starts from an instant at most 1 ms of counts old,
-//! and a base never outlives a suspend, a counter reset or a jump back.
+//! and a base is not used across a suspend through which the counter ran, a counter reset, or
+//! a jump back larger than the counts since the thread's previous reading.
 //!
 //! The rate comes from *samples*: at a refresh at least [`SAMPLE_NANOS`] (and at most
 //! [`SAMPLE_MAX_NANOS`]) after the thread's previous sample point, the sample is the elapsed
@@ -35,8 +36,8 @@
 //! thread's previous sample, an interval that does not overlap it. A suspend during which the
 //! counter ran but the monotonic clock did not makes a sample *low*, a counter reset makes it
 //! wild: neither agrees with its neighbour, so neither counts. The rate used is the maximum plus
-//! 1/512 (NTP may slew the monotonic clock by 500 ppm either way). Until a thread
-//! has produced two agreeing samples (10 ms into the process) every reading is a refresh.
+//! 1/512 (NTP may slew the monotonic clock by 500 ppm either way). Until some thread has
+//! produced two agreeing samples (at least 10 ms into the process) every reading is a refresh.
 //!
 //! # Why never early
 //!
@@ -51,15 +52,18 @@
 //!
 //! | fault | effect on a reading | what catches it |
 //! |-------|---------------------|-----------------|
-//! | counter jumps forward, runs through a suspend | later (safe) | the base expires (too many counts); the sample disagrees |
+//! | counter jumps forward, or runs through a suspend (the monotonic clock does not) | later (safe) | the base expires (too many counts); the sample across it is low: it disagrees, and the maximum ignores it |
 //! | counter jumps back or resets, or the thread moves to a core whose counter is behind, by more than the counts since the thread's previous reading | would be earlier | the "not before the last count" check: a refresh, whose base starts from the fresh instant |
 //! | the same, by less than that (the thread had not read the clock for a while) | earlier by up to the jump, until the next refresh | the margin covers 50 µs; the next refresh (at most 1 ms of counts later) checks the old base's extrapolation against the fresh instant and switches the fast path off if a reading could have been early |
 //! | the counter slows down relative to the monotonic clock (by a fraction `s`) | earlier by up to `s` x 1 ms, until the next refresh | the margin absorbs `s` up to ~4 %; beyond, the next refresh's check switches the fast path off |
 //! | the kernel gives up the `tsc` clock source (marks it unstable) | as above | the clock source is read again every [`SOURCE_CHECK_NANOS`] (on a refresh); anything but `tsc` switches the fast path off |
 //!
-//! Switched off means for the rest of the process: every reading is then `None`. What cannot be
-//! caught between two refreshes is a counter that slows by more than the margin allows while the
-//! kernel still calls it `tsc`; then `Instant::now()` itself is wrong in the same way.
+//! Switched off means for the rest of the process: every reading is then `None` (also after a
+//! counter reset that climbs back past an old base: conservative). Not caught before the next
+//! refresh, so early by up to the fault over at most one base: a counter that slows by more than
+//! the margin allows, or goes back by more than the margin but less than the time since the
+//! thread's previous reading, while the kernel still calls it `tsc`; the kernel's own
+//! `Instant::now()`, computed from the same counter, is then wrong in the same way.
 //!
 //! # Where it is used
 //!
@@ -101,9 +105,7 @@ pub(crate) fn now_nanos() -> Option<u64> {
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", not(loom)))]
 mod imp {
-    use super::{
-        MARGIN_NANOS, REFRESH_NANOS, SAMPLE_MAX_NANOS, SAMPLE_NANOS, SOURCE_CHECK_NANOS,
-    };
+    use super::{MARGIN_NANOS, REFRESH_NANOS, SAMPLE_MAX_NANOS, SAMPLE_NANOS, SOURCE_CHECK_NANOS};
     use crate::sync::OnceLock;
     use crate::sync::statistics::{AtomicBool, AtomicU64};
     use std::cell::Cell;
@@ -579,7 +581,11 @@ mod imp {
                 // Behind the base (a reset): a new base. Within it, by more than the margin:
                 // the refresh check switches the fast path off.
                 let behind_base = micros > 1000;
-                assert_eq!(rig.shared.in_use(), micros < 50 || behind_base, "{micros} µs");
+                assert_eq!(
+                    rig.shared.in_use(),
+                    micros < 50 || behind_base,
+                    "{micros} µs"
+                );
             }
         }
 
