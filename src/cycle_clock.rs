@@ -264,15 +264,22 @@ mod imp {
         // the base is fresh.
         if now.wrapping_sub(thread.last.get()) <= elapsed && elapsed < base.valid_counts {
             thread.last.set(now);
-            return Some(base.nanos + scale(elapsed, base.rate) + MARGIN_NANOS);
+            return Some(base.nanos + scale_wide(elapsed, base.rate) as u64 + MARGIN_NANOS);
         }
         refresh(shared, thread, counter)
     }
 
-    /// `counts` x `rate` (32.32 fixed point), in nanoseconds, rounded up.
+    /// `counts` x `rate` (32.32 fixed point), in nanoseconds, rounded up (saturating).
     #[inline]
     fn scale(counts: u64, rate: u64) -> u64 {
-        ((counts as u128 * rate as u128).div_ceil(1 << 32)) as u64
+        u64::try_from(scale_wide(counts, rate)).unwrap_or(u64::MAX)
+    }
+
+    /// [`scale`] without saturation, for the fast path (whose counts are below a base's
+    /// `valid_counts`, so the product is at most about [`REFRESH_NANOS`]).
+    #[inline]
+    fn scale_wide(counts: u64, rate: u64) -> u128 {
+        (counts as u128 * rate as u128).div_ceil(1 << 32)
     }
 
     /// `nanos` / `counts` in 32.32 fixed point (`u64::MAX` if it does not fit).
@@ -321,7 +328,11 @@ mod imp {
         let span = after.wrapping_sub(stale.counter);
         if stale.valid_counts != 0
             && span < 1 << 63
-            && stale.nanos + scale(span, stale.rate) + MARGIN_NANOS < nanos
+            && stale
+                .nanos
+                .saturating_add(scale(span, stale.rate))
+                .saturating_add(MARGIN_NANOS)
+                < nanos
         {
             shared.disabled.store(true, Ordering::Relaxed);
             return None;
