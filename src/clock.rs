@@ -204,18 +204,16 @@ impl TickClock {
     /// The deadline tick `delay` from now (`u64::MAX` if that is beyond representable time).
     ///
     /// On the system clock this reads the cycle clock where it is sound (see
-    /// [`cycle_clock`](crate::cycle_clock)) and adds its margin: never early, at most
-    /// [`MARGIN_NANOS`](crate::cycle_clock::MARGIN_NANOS) later than the precise reading would
-    /// give, and it does not stall the CPU the way `Instant::now()` does.
+    /// [`cycle_clock`](crate::cycle_clock)): never early, a little later than the precise
+    /// reading would give, and it does not stall the CPU the way `Instant::now()` does.
     #[inline]
     pub(crate) fn tick_after(&self, delay: Duration) -> u64 {
         if let Some(offset) = self.cycle_offset
             && let Some(nanos) = crate::cycle_clock::now_nanos()
         {
-            return nanos
-                .saturating_sub(offset)
-                .checked_add(crate::cycle_clock::MARGIN_NANOS)
-                .and_then(|nanos| nanos.checked_add(u64::try_from(delay.as_nanos()).ok()?))
+            return u64::try_from(delay.as_nanos())
+                .ok()
+                .and_then(|delay| nanos.saturating_sub(offset).checked_add(delay))
                 .map_or(u64::MAX, |deadline| self.tick_at_nanos(deadline));
         }
         match self.clock.now().checked_add(delay) {

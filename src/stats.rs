@@ -64,7 +64,7 @@ pub struct Stats {
     pub failed_shards: usize,
     /// Whether `schedule(delay)` and `reset(delay)` read the time from the processor's cycle
     /// counter rather than `Instant::now()` (x86-64 Linux with the `tsc` clock source, system
-    /// clock only): a cheaper reading, with deadlines up to 50 µs later and never earlier.
+    /// clock only): a cheaper reading, with deadlines about 50 µs later and never earlier.
     pub cycle_clock: bool,
     /// Median lateness over all shards (deadline to hand-off to run).
     pub lateness_p50: Duration,

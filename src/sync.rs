@@ -70,20 +70,54 @@ impl<T> Queue<T> {
     }
 }
 
-/// Makes a read-modify-write just before it act as a sequentially consistent fence, so that a
-/// load after it cannot be ordered before it (the store-load ordering of Dekker's protocol).
+/// Dekker's protocol (store, then load the other side's word) needs store-load ordering on
+/// both sides: each side's write must be globally visible before its read. Both sides in this
+/// crate (a lazy reset's `swap` of the deadline, the shard's compare-and-swap taking the
+/// deadline lock, see `engine/slot.rs`) write with a read-modify-write, and go through the two
+/// functions below, which glue the fence to the read-modify-write: there is no free-standing
+/// fence that a plain `store` could be put in front of.
 ///
 /// On x86 every read-modify-write is a locked instruction, which already is a full fence, so
 /// only the compiler is held back (crossbeam-epoch relies on the same fact); elsewhere, and under
-/// loom (which models `fence(SeqCst)` but not the hardware), this is `fence(SeqCst)`.
+/// loom (which models `fence(SeqCst)` but not the hardware), this is `fence(SeqCst)`. The
+/// shortcut is kept because on x86 `fence(SeqCst)` is a second locked instruction (`lock or` on
+/// the stack) right after the first, a measurable cost per reset when its loads miss the cache.
+/// It is why the pairing must not be broken: with a plain `store` before it, a compiler
+/// fence orders nothing on x86 while every loom model (which runs the real fence) still passes.
 #[inline]
-pub(crate) fn fence_after_read_modify_write() {
+fn fence_after_read_modify_write() {
     #[cfg(all(any(target_arch = "x86", target_arch = "x86_64"), not(loom)))]
     std::sync::atomic::compiler_fence(Ordering::SeqCst);
     #[cfg(all(not(any(target_arch = "x86", target_arch = "x86_64")), not(loom)))]
     std::sync::atomic::fence(Ordering::SeqCst);
     #[cfg(loom)]
     loom::sync::atomic::fence(Ordering::SeqCst);
+}
+
+/// `atomic.swap(value, order)`, then a sequentially consistent fence (see
+/// [`fence_after_read_modify_write`]).
+#[inline]
+pub(crate) fn swap_then_fence(atomic: &AtomicU64, value: u64, order: Ordering) -> u64 {
+    let old = atomic.swap(value, order);
+    fence_after_read_modify_write();
+    old
+}
+
+/// `atomic.compare_exchange_weak(..)`, then, if it succeeded, a sequentially consistent fence
+/// (see [`fence_after_read_modify_write`]).
+#[inline]
+pub(crate) fn compare_exchange_weak_then_fence(
+    atomic: &AtomicU64,
+    current: u64,
+    new: u64,
+    success: Ordering,
+    failure: Ordering,
+) -> Result<u64, u64> {
+    let result = atomic.compare_exchange_weak(current, new, success, failure);
+    if result.is_ok() {
+        fence_after_read_modify_write();
+    }
+    result
 }
 
 /// Locks a mutex, recovering the data if a panicking thread poisoned it (the engine never

@@ -550,10 +550,10 @@ impl SlotTable {
         }
         // The reset's one locked instruction. The swap makes concurrent resets of one timer
         // follow each other, so whoever moves the deadline earlier knows it (and tells the shard).
-        let old = slot.deadline.swap(deadline, Ordering::AcqRel);
         // Dekker with `fire`, which locks the word and then reads the deadline: either the
-        // shard reads our deadline, or we see its lock (or its decision) below.
-        crate::sync::fence_after_read_modify_write();
+        // shard reads our deadline, or we see its lock (or its decision) below. Why the fence
+        // must follow a read-modify-write: `crate::sync::swap_then_fence`.
+        let old = crate::sync::swap_then_fence(&slot.deadline, deadline, Ordering::AcqRel);
         let mut word = slot.state.load(Ordering::Acquire);
         while word & DEADLINE_LOCK != 0 {
             // The shard is deciding on a deadline it read (a few instructions): wait for it.
@@ -711,16 +711,17 @@ impl SlotTable {
                     word & DEADLINE_LOCK == 0,
                     "slot {index}'s deadline lock is taken by someone other than its shard"
                 );
-                match slot.compare_exchange_weak(
+                // Dekker with `reset_lazy`, which swaps the deadline and then reads the word:
+                // either we read its deadline, or it sees our lock. The fence comes with the
+                // compare-and-swap (`crate::sync::swap_then_fence` says why).
+                match crate::sync::compare_exchange_weak_then_fence(
+                    slot,
                     word,
                     word | DEADLINE_LOCK,
                     Ordering::Acquire,
                     Ordering::Acquire,
                 ) {
                     Ok(_) => {
-                        // Dekker with `reset_lazy`, which swaps the deadline and then reads
-                        // the word: either we read its deadline, or it sees our lock.
-                        crate::sync::fence_after_read_modify_write();
                         return self.decide_locked(index, word | DEADLINE_LOCK, due);
                     }
                     Err(actual) => {
