@@ -161,15 +161,17 @@ impl Backend for NoTimer {
 
 /// The server's settings (the command line's flags).
 #[derive(Clone, Debug)]
-struct Config {
-    timer: String,
-    addr: SocketAddr,
-    workers: usize,
-    seconds: f64,
+pub(crate) struct Config {
+    pub(crate) timer: String,
+    pub(crate) addr: SocketAddr,
+    pub(crate) workers: usize,
+    pub(crate) seconds: f64,
 }
 
 impl Config {
-    fn from_args(mut args: impl Iterator<Item = String>) -> Result<Config, Box<dyn Error>> {
+    pub(crate) fn from_args(
+        mut args: impl Iterator<Item = String>,
+    ) -> Result<Config, Box<dyn Error>> {
         let mut config = Config {
             timer: ShardwheelBackend::NAME.to_string(),
             addr: "127.0.0.1:8080".parse()?,
@@ -184,9 +186,11 @@ impl Config {
                 "--workers" => config.workers = value()?.parse()?,
                 "--seconds" => config.seconds = value()?.parse()?,
                 "-h" | "--help" => {
-                    return Err("usage: server [--timer shardwheel|tokio|none] [--addr IP:PORT] \
+                    return Err(
+                        "usage: server [--timer shardwheel|tokio|none] [--addr IP:PORT] \
                                 [--workers N] [--seconds S]"
-                        .into());
+                            .into(),
+                    );
                 }
                 _ => return Err(format!("unknown flag {flag} (see --help)").into()),
             }
@@ -203,20 +207,20 @@ impl Config {
 
 /// What a run did: the line printed at exit.
 #[derive(Clone, Debug)]
-struct Report {
-    timer: &'static str,
-    workers: usize,
-    seconds: f64,
-    connections: u64,
-    idle_closed: u64,
-    requests: u64,
-    request_timeouts: u64,
-    cpu_user_us: u64,
-    cpu_system_us: u64,
+pub(crate) struct Report {
+    pub(crate) timer: &'static str,
+    pub(crate) workers: usize,
+    pub(crate) seconds: f64,
+    pub(crate) connections: u64,
+    pub(crate) idle_closed: u64,
+    pub(crate) requests: u64,
+    pub(crate) request_timeouts: u64,
+    pub(crate) cpu_user_us: u64,
+    pub(crate) cpu_system_us: u64,
 }
 
 impl Report {
-    fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         let cpu_us = self.cpu_user_us + self.cpu_system_us;
         let per_request = if self.requests == 0 {
             0.0
@@ -257,7 +261,10 @@ fn main() -> Result<(), Box<dyn Error>> {
 }
 
 /// Serves on `listener` for `config.seconds`, then returns what it did.
-fn run(config: &Config, listener: std::net::TcpListener) -> Result<Report, Box<dyn Error>> {
+pub(crate) fn run(
+    config: &Config,
+    listener: std::net::TcpListener,
+) -> Result<Report, Box<dyn Error>> {
     match config.timer.as_str() {
         TokioBackend::NAME => run_on::<TokioBackend>(config, listener),
         ShardwheelBackend::NAME => run_on::<ShardwheelBackend>(config, listener),
@@ -272,7 +279,8 @@ struct Counts {
     requests: AtomicU64,
 }
 
-/// Every thread's [`Counts`].
+/// Every thread's [`Counts`]. These statics count for the whole process: [`run`] reports the
+/// difference between its start and its end, so runs in one process must not overlap.
 static ALL_COUNTS: Mutex<Vec<Arc<Counts>>> = Mutex::new(Vec::new());
 static CONNECTIONS: AtomicU64 = AtomicU64::new(0);
 static IDLE_CLOSED: AtomicU64 = AtomicU64::new(0);
