@@ -48,6 +48,37 @@ impl std::error::Error for BuildError {
     }
 }
 
+/// Why [`set_default_timer`](crate::set_default_timer) did not build the default timer.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum DefaultTimerError {
+    /// The default timer was already built (by an earlier `set_default_timer`, or at its first
+    /// use): it is left as it is.
+    AlreadyBuilt,
+    /// The builder's configuration was refused.
+    Build(BuildError),
+}
+
+impl fmt::Display for DefaultTimerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DefaultTimerError::AlreadyBuilt => {
+                write!(f, "the default timer is already built: configure it before its first use")
+            }
+            DefaultTimerError::Build(error) => write!(f, "could not build the default timer: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for DefaultTimerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            DefaultTimerError::Build(error) => Some(error),
+            DefaultTimerError::AlreadyBuilt => None,
+        }
+    }
+}
+
 /// Why a timer was not scheduled. Its task never runs and no counter moved. The task is dropped
 /// before `schedule` returns, except when the schedule lost a race with `shutdown()`: then it is
 /// dropped by the time `shutdown()` returns.

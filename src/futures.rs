@@ -1,18 +1,22 @@
-//! Futures on top of the engine: [`Sleep`], [`Timeout`] and [`Interval`], for any executor.
+//! Futures on top of the engine: [`Sleep`], [`Timeout`] and [`Interval`], for any executor,
+//! with tokio's semantics (`tokio::time`'s types of the same names): switching from tokio is a
+//! change of imports. [`Sleep`]'s documentation says how they differ (the engine's tick, and what
+//! a sleep does when the engine cannot keep a timer).
 //!
 //! Always compiled in: the only dependency they add is `futures-core` (for the `Stream` trait),
 //! and they cost nothing when unused.
 //!
 //! A `Sleep` is a timer whose task only wakes a `Waker`: it runs inline on the shard thread, not
-//! through the executor. Polling registers the waker, then checks the timer's state
-//! (register-then-recheck), so a deadline that passes between the two is never missed; see the
-//! `async_waker` model in `loom-tests/`.
+//! through the executor. Registration is lazy: the timer is scheduled at the first poll that
+//! does not find the deadline passed, never before. Polling registers the waker, then checks
+//! the timer's state (register-then-recheck), so a deadline that passes between the two is
+//! never missed; see the `sleep_wakes_the_latest_waker` model in `loom-tests/`.
 
 use crate::TimerState;
+use crate::engine::Engine;
 use crate::engine::handle::TimerHandle;
-use crate::engine::shard::ShardShared;
 use crate::error::ScheduleError;
-use crate::periodic::MissedTicks;
+use crate::periodic::MissedTickBehavior;
 use crate::sync::{Arc, AtomicUsize, Ordering, UnsafeCell};
 use crate::task::Task;
 use std::fmt;
@@ -111,25 +115,43 @@ fn wake_task(shared: Arc<SleepWaker>) -> Task {
     Task::new_inline(move || shared.waker.wake())
 }
 
-/// The timer behind a [`Sleep`], or why there is none.
-enum Registration {
-    Armed(TimerHandle),
-    Failed {
-        shard: Arc<ShardShared>,
-        error: ScheduleError,
-    },
-}
-
-/// A future that completes at a deadline: see [`Timer::sleep`](crate::Timer::sleep).
+/// A future that completes at a deadline: see [`Timer::sleep`](crate::Timer::sleep) and
+/// [`sleep`](crate::sleep()). Like `tokio::time::Sleep`.
 ///
-/// Completes with `Ok(())` once the deadline has passed (never before), or with
-/// `Err(ScheduleError)` if the engine could not keep a timer for it (it is shut down, or full).
-/// Dropping a pending `Sleep` cancels its timer at once.
+/// # How it works
+///
+/// A `Sleep` is a deadline and a reference to its engine until its first poll that finds the
+/// deadline not yet passed: only then does it schedule a timer (whose task wakes the latest
+/// poll's waker, inline on the shard thread). So a `Sleep` that is never polled, or is polled
+/// only after its deadline, costs the engine nothing, and dropping it does nothing.
+///
+/// | state | poll | `reset(when)` | drop |
+/// |-------|------|---------------|------|
+/// | unarmed | deadline passed: elapsed; else schedules a timer: armed | new deadline | nothing |
+/// | armed | timer fired or deadline passed: elapsed (the timer let go); else pending | moves the timer in place; if it already fired: unarmed | cancels the timer |
+/// | elapsed | ready | unarmed, with the new deadline | nothing |
+///
+/// It completes once the deadline has passed, never before (deadlines round up to the engine's
+/// tick, 1 ms by default, where tokio's also round up to 1 ms).
+///
+/// # When the engine cannot keep a timer
+///
+/// If the engine is shut down (or is shut down while the sleep waits), or holds its
+/// [`max_pending`](crate::Builder::max_pending) timers, a poll of the sleep **panics** with the
+/// [`ScheduleError`] in the message, as a tokio sleep panics once its runtime is gone: it must
+/// not complete (a `loop { sleep(d).await }` would spin) and must not wait forever (a task would
+/// hang unnoticed). Callers who need the error instead use
+/// [`Timer::try_sleep_until`](crate::Timer::try_sleep_until), which schedules at once and
+/// returns it, and [`poll_sleep`](Sleep::poll_sleep), which reports a later shutdown as
+/// `Err(ScheduleError::Shutdown)`. The process-wide default timer is never shut down.
 #[must_use = "a Sleep does nothing unless awaited"]
 pub struct Sleep {
-    registration: Registration,
-    shared: Arc<SleepWaker>,
+    engine: Arc<Engine>,
     deadline: Instant,
+    /// The timer, while armed.
+    timer: Option<TimerHandle>,
+    /// The waker cell its timers wake: made at the first registration, reused by later ones.
+    shared: Option<Arc<SleepWaker>>,
     elapsed: bool,
 }
 
@@ -137,38 +159,38 @@ impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sleep")
             .field("deadline", &self.deadline)
+            .field("armed", &self.timer.is_some())
             .field("elapsed", &self.elapsed)
             .finish()
     }
 }
 
 impl Sleep {
-    /// A sleep until `deadline` on `shard`.
-    pub(crate) fn new(shard: &Arc<ShardShared>, deadline: Instant) -> Sleep {
-        let shared = Arc::new(SleepWaker {
-            waker: AtomicWaker::new(),
-        });
-        let tick = shard.clock.tick_at(deadline);
-        let registration = match ShardShared::submit(shard, tick, wake_task(shared.clone())) {
-            Ok(handle) => Registration::Armed(handle),
-            Err(error) => Registration::Failed {
-                shard: shard.clone(),
-                error,
-            },
-        };
+    /// A sleep until `deadline` on `engine`, not scheduled yet.
+    pub(crate) fn new(engine: &Arc<Engine>, deadline: Instant) -> Sleep {
         Sleep {
-            registration,
-            shared,
+            engine: engine.clone(),
             deadline,
+            timer: None,
+            shared: None,
             elapsed: false,
         }
     }
 
-    fn shard(&self) -> &Arc<ShardShared> {
-        match &self.registration {
-            Registration::Armed(handle) => &handle.shard,
-            Registration::Failed { shard, .. } => shard,
+    /// A sleep until `deadline` whose timer is scheduled now (unless the deadline has passed).
+    pub(crate) fn armed(engine: &Arc<Engine>, deadline: Instant) -> Result<Sleep, ScheduleError> {
+        let mut sleep = Sleep::new(engine, deadline);
+        if engine.clock.clock().now() >= deadline {
+            sleep.elapsed = true;
+        } else {
+            let shared = Arc::new(SleepWaker {
+                waker: AtomicWaker::new(),
+            });
+            let tick = engine.clock.tick_at(deadline);
+            sleep.timer = Some(engine.submit(tick, wake_task(shared.clone()))?);
+            sleep.shared = Some(shared);
         }
+        Ok(sleep)
     }
 
     /// The instant this sleep completes at.
@@ -176,70 +198,118 @@ impl Sleep {
         self.deadline
     }
 
-    /// Whether the deadline has passed (as seen by the last poll).
+    /// Whether the deadline has passed: a poll saw it, or the timer has fired.
     pub fn is_elapsed(&self) -> bool {
         self.elapsed
+            || self
+                .timer
+                .as_ref()
+                .is_some_and(|timer| timer.state() == TimerState::Expired)
     }
 
-    /// Moves the deadline (earlier or later), reusing this sleep's timer when it is still
-    /// pending and its waker cell always: no new allocation. Works after completion too.
-    pub fn reset(&mut self, deadline: Instant) {
-        self.deadline = deadline;
-        self.elapsed = false;
-        let shard = match &self.registration {
-            Registration::Armed(handle) => {
-                if handle.reset_at(deadline) {
-                    return;
-                }
-                handle.shard.clone()
-            }
-            Registration::Failed { shard, .. } => shard.clone(),
-        };
-        let tick = shard.clock.tick_at(deadline);
-        self.registration = match ShardShared::submit(&shard, tick, wake_task(self.shared.clone()))
+    /// Moves the deadline (earlier or later), also after completion, in tokio's form:
+    /// `sleep.as_mut().reset(when)` on a pinned sleep (or `Pin::new(&mut sleep)`, a `Sleep`
+    /// being `Unpin`). An armed sleep's timer is moved in place; otherwise the next poll
+    /// schedules one. The waker cell is reused: no allocation.
+    pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
+        let this = self.get_mut();
+        this.deadline = deadline;
+        this.elapsed = false;
+        if let Some(timer) = &this.timer
+            && !timer.reset_at(deadline)
         {
-            Ok(handle) => Registration::Armed(handle),
-            Err(error) => Registration::Failed { shard, error },
-        };
+            // It fired (or shutdown cancelled it): the next poll schedules anew.
+            this.timer = None;
+        }
     }
-}
 
-impl Future for Sleep {
-    type Output = Result<(), ScheduleError>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+    /// Polls the sleep, reporting with an error what [`poll`](Future::poll) panics on: the
+    /// engine could not keep a timer for it (it is shut down, or full). After an error the
+    /// sleep is unarmed: a later poll tries again.
+    pub fn poll_sleep(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), ScheduleError>> {
         let this = self.get_mut();
         if this.elapsed {
             return Poll::Ready(Ok(()));
         }
-        let handle = match &this.registration {
-            Registration::Armed(handle) => handle,
-            Registration::Failed { error, .. } => return Poll::Ready(Err(*error)),
+        let clock = this.engine.clock.clock();
+        let Some(timer) = &this.timer else {
+            // Lazy registration: the first poll that finds the deadline ahead schedules.
+            if clock.now() >= this.deadline {
+                this.elapsed = true;
+                return Poll::Ready(Ok(()));
+            }
+            let shared = this.shared.get_or_insert_with(|| {
+                Arc::new(SleepWaker {
+                    waker: AtomicWaker::new(),
+                })
+            });
+            // Registered before the timer exists: its wake-up cannot be missed.
+            shared.waker.register(cx.waker());
+            let tick = this.engine.clock.tick_at(this.deadline);
+            return match this.engine.submit(tick, wake_task(shared.clone())) {
+                Ok(timer) => {
+                    this.timer = Some(timer);
+                    Poll::Pending
+                }
+                Err(error) => Poll::Ready(Err(error)),
+            };
         };
         // Register first, then look: a fire in between wakes the new waker.
-        this.shared.waker.register(cx.waker());
-        match handle.state() {
+        if let Some(shared) = &this.shared {
+            shared.waker.register(cx.waker());
+        }
+        match timer.state() {
             // The deadline may have passed without the shard having turned yet (a manual clock
             // moves only on `advance`): time, not the shard, decides.
-            TimerState::Pending if handle.shard.clock.clock().now() >= this.deadline => {
-                this.elapsed = true;
-                Poll::Ready(Ok(()))
-            }
-            TimerState::Pending => Poll::Pending,
-            TimerState::Expired => {
+            TimerState::Pending if clock.now() < this.deadline => Poll::Pending,
+            state @ (TimerState::Pending | TimerState::Expired) => {
+                if state == TimerState::Pending {
+                    timer.cancel();
+                }
+                this.timer = None;
                 this.elapsed = true;
                 Poll::Ready(Ok(()))
             }
             // Only shutdown cancels a sleep's timer from the outside.
-            TimerState::Cancelled => Poll::Ready(Err(ScheduleError::Shutdown)),
+            TimerState::Cancelled => {
+                this.timer = None;
+                Poll::Ready(Err(ScheduleError::Shutdown))
+            }
+        }
+    }
+}
+
+/// The panic of a sleep whose engine cannot keep a timer: see [`Sleep`].
+#[cold]
+#[track_caller]
+fn cannot_keep_a_timer(error: ScheduleError) -> ! {
+    panic!(
+        "shardwheel: a Sleep, Timeout or Interval cannot wait: {error} \
+         (use Timer::try_sleep_until or Sleep::poll_sleep to get this as an error)"
+    )
+}
+
+impl Future for Sleep {
+    type Output = ();
+
+    /// Completes once the deadline has passed. Panics if the engine cannot keep a timer for
+    /// this sleep: see [`Sleep`].
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        match self.poll_sleep(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(()),
+            Poll::Ready(Err(error)) => cannot_keep_a_timer(error),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Registration::Armed(handle) = &self.registration {
-            handle.cancel();
+        if let Some(timer) = &self.timer {
+            timer.cancel();
         }
     }
 }
@@ -256,11 +326,13 @@ impl fmt::Display for Elapsed {
 
 impl std::error::Error for Elapsed {}
 
-/// A future with a deadline: see [`Timer::timeout`](crate::Timer::timeout).
+/// A future with a deadline: see [`Timer::timeout`](crate::Timer::timeout) and
+/// [`timeout`](crate::timeout()). Like `tokio::time::Timeout`.
 ///
-/// Resolves to `Ok(output)` if the inner future completes first, `Err(Elapsed)` once the
-/// deadline has passed. If the engine is shut down, the deadline can no longer be kept and the
-/// inner future simply runs on (it is never cut short early).
+/// Each poll polls the inner future first: `Ok(output)` if it is ready (even when the deadline
+/// has passed), else `Err(Elapsed)` once the deadline has passed. The deadline is a lazy
+/// [`Sleep`], polled only when the inner future is pending: a future that is ready at its first
+/// poll costs no timer at all. Like a [`Sleep`], it panics if the engine cannot keep its timer.
 #[must_use = "a Timeout does nothing unless awaited"]
 #[derive(Debug)]
 pub struct Timeout<F> {
@@ -278,6 +350,11 @@ impl<F> Timeout<F> {
         &self.future
     }
 
+    /// The inner future, mutably.
+    pub fn get_mut(&mut self) -> &mut F {
+        &mut self.future
+    }
+
     /// Gives the inner future back, cancelling the deadline.
     pub fn into_inner(self) -> F {
         self.future
@@ -289,8 +366,8 @@ impl<F: Future> Future for Timeout<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // SAFETY: `future` is structurally pinned: it is never moved out of a pinned Timeout
-        // (`into_inner` takes an unpinned `self`), and Timeout has no Drop impl that could
-        // move it. `sleep` is `Unpin` and is not pinned.
+        // (`get_mut` and `into_inner` need an unpinned one), and Timeout has no Drop impl that
+        // could move it. `sleep` is `Unpin` and is not pinned.
         let this = unsafe { self.get_unchecked_mut() };
         // SAFETY: see above.
         let future = unsafe { Pin::new_unchecked(&mut this.future) };
@@ -298,60 +375,71 @@ impl<F: Future> Future for Timeout<F> {
             return Poll::Ready(Ok(output));
         }
         match Pin::new(&mut this.sleep).poll(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(Err(Elapsed(()))),
-            Poll::Ready(Err(_)) | Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => Poll::Ready(Err(Elapsed(()))),
+            Poll::Pending => Poll::Pending,
         }
     }
 }
 
-/// Ticks on a fixed-rate grid: see [`Timer::interval`](crate::Timer::interval).
+/// How late a tick may be observed and still count as on time (tokio's figure).
+const TICK_TOLERANCE: Duration = Duration::from_millis(5);
+
+/// Ticks on a grid: see [`Timer::interval`](crate::Timer::interval) and
+/// [`interval`](crate::interval()). Like `tokio::time::Interval`.
 ///
-/// The k-th tick (k = 1, 2, ...) is due `k * period` after the interval was made; a tick is
-/// missed when it is observed after the next grid point has already passed, and then the
-/// [`MissedTicks`] policy applies. Also a [`Stream`](futures_core::Stream) of tick instants.
+/// The k-th tick (k = 0, 1, ...) is due at `start + k * period`: the first one at `start`
+/// (at once, for `interval(period)`). [`tick`](Self::tick) returns the instant the tick was
+/// due. A tick observed more than 5 ms after it was due is late, and the
+/// [`MissedTickBehavior`] (default [`Burst`](MissedTickBehavior::Burst)) decides the next one.
+/// Also a [`Stream`](futures_core::Stream) of those instants, which never ends. Its timer is a
+/// lazy [`Sleep`] (and panics as one does if the engine cannot keep it).
 #[derive(Debug)]
 pub struct Interval {
     sleep: Sleep,
     period: Duration,
-    missed: MissedTicks,
+    missed: MissedTickBehavior,
 }
 
 impl Interval {
-    pub(crate) fn new(sleep: Sleep, period: Duration, missed: MissedTicks) -> Interval {
+    pub(crate) fn new(sleep: Sleep, period: Duration) -> Interval {
         Interval {
             sleep,
             period,
-            missed,
+            missed: MissedTickBehavior::default(),
         }
     }
 
+    fn now(&self) -> Instant {
+        self.sleep.engine.clock.clock().now()
+    }
+
     /// Completes at the next tick with the instant it was due.
-    pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Result<Instant, ScheduleError>> {
+    pub fn poll_tick(&mut self, cx: &mut Context<'_>) -> Poll<Instant> {
         match Pin::new(&mut self.sleep).poll(cx) {
             Poll::Pending => Poll::Pending,
-            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
-            Poll::Ready(Ok(())) => {
+            Poll::Ready(()) => {
                 let due = self.sleep.deadline();
-                let now = self.sleep.shard().clock.clock().now();
-                let next_point = due + self.period;
+                let now = self.now();
+                let period = self.period;
+                let late = due.checked_add(TICK_TOLERANCE).is_none_or(|on_time| now > on_time);
                 let next = match self.missed {
-                    MissedTicks::Burst => next_point,
-                    MissedTicks::Delay if now >= next_point => now + self.period,
-                    MissedTicks::Delay => next_point,
-                    MissedTicks::Skip if now < next_point => next_point,
-                    MissedTicks::Skip => {
-                        let periods = (now - due).as_nanos() / self.period.as_nanos() + 1;
-                        due + self.period * u32::try_from(periods).unwrap_or(u32::MAX)
+                    MissedTickBehavior::Delay if late => now.checked_add(period),
+                    MissedTickBehavior::Skip if late => {
+                        let behind = (now - due).as_nanos() % period.as_nanos();
+                        now.checked_add(period - Duration::from_nanos(behind as u64))
                     }
+                    _ => due.checked_add(period),
                 };
-                self.sleep.reset(next);
-                Poll::Ready(Ok(due))
+                let next = next.unwrap_or_else(|| crate::timer::far_future(now));
+                // Unarms the fired timer: the next poll schedules one for `next`.
+                Pin::new(&mut self.sleep).reset(next);
+                Poll::Ready(due)
             }
         }
     }
 
     /// Waits for the next tick; returns the instant it was due.
-    pub async fn tick(&mut self) -> Result<Instant, ScheduleError> {
+    pub async fn tick(&mut self) -> Instant {
         std::future::poll_fn(|cx| self.poll_tick(cx)).await
     }
 
@@ -359,12 +447,45 @@ impl Interval {
     pub fn period(&self) -> Duration {
         self.period
     }
+
+    /// What the interval does about late ticks.
+    pub fn missed_tick_behavior(&self) -> MissedTickBehavior {
+        self.missed
+    }
+
+    /// Sets what the interval does about late ticks.
+    pub fn set_missed_tick_behavior(&mut self, behavior: MissedTickBehavior) {
+        self.missed = behavior;
+    }
+
+    /// The next tick is one period from now, and the grid continues from it.
+    pub fn reset(&mut self) {
+        let now = self.now();
+        self.reset_at(now.checked_add(self.period).unwrap_or_else(|| crate::timer::far_future(now)));
+    }
+
+    /// The next tick is now, and the grid continues from it.
+    pub fn reset_immediately(&mut self) {
+        let now = self.now();
+        self.reset_at(now);
+    }
+
+    /// The next tick is `after` from now, and the grid continues from it.
+    pub fn reset_after(&mut self, after: Duration) {
+        let now = self.now();
+        self.reset_at(now.checked_add(after).unwrap_or_else(|| crate::timer::far_future(now)));
+    }
+
+    /// The next tick is at `deadline`, and the grid continues from it.
+    pub fn reset_at(&mut self, deadline: Instant) {
+        Pin::new(&mut self.sleep).reset(deadline);
+    }
 }
 
 impl futures_core::Stream for Interval {
     type Item = Instant;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Instant>> {
-        self.get_mut().poll_tick(cx).map(Result::ok)
+        self.get_mut().poll_tick(cx).map(Some)
     }
 }

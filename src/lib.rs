@@ -23,10 +23,13 @@
 
 mod clock;
 mod cycle_clock;
+mod default_timer;
 pub mod design;
 mod engine;
 mod error;
 mod futures;
+#[cfg(feature = "hyper")]
+mod hyper_timer;
 mod periodic;
 mod stats;
 pub mod sync;
@@ -39,9 +42,17 @@ pub use engine::executor::Executor;
 pub use engine::handle::TimerHandle;
 pub use engine::shard::UnfiredTimer;
 pub use engine::slot::TimerState;
-pub use error::{BuildError, ScheduleError};
+pub use default_timer::{
+    default_timer, interval, interval_at, set_default_timer, sleep, sleep_until, timeout,
+    timeout_at,
+};
+pub use error::{BuildError, DefaultTimerError, ScheduleError};
 pub use futures::{Elapsed, Interval, Sleep, Timeout};
+#[cfg(feature = "hyper")]
+pub use hyper_timer::HyperTimer;
+#[allow(deprecated)]
 pub use periodic::MissedTicks;
+pub use periodic::MissedTickBehavior;
 pub use stats::{ShardStats, Stats};
 pub use timer::{Builder, Timer};
 

@@ -7,28 +7,45 @@
 
 use crate::task::Repeat;
 
-/// What a fixed-rate repeating timer does about runs it missed.
+/// What a fixed-rate repeating timer or an [`Interval`](crate::Interval) does about ticks it
+/// missed. The same policies, and the same names and meanings, as tokio's
+/// `tokio::time::MissedTickBehavior`.
 ///
-/// The k-th run (k = 1, 2, ...) of a timer scheduled at `start` with period `p` is due at
-/// `start + k * p`. A tick is *missed* when a run starts after the next grid point has already
-/// passed (the executor was busy, the task was slow, the machine slept).
+/// The k-th tick (k = 0, 1, ...) of a grid that starts at `start` with period `p` is due at
+/// `start + k * p`. A tick is *missed* when it is observed after the next grid point has already
+/// passed (the executor was busy, the task was slow, the machine slept). Below, "now" is when
+/// the late tick is observed: when an [`Interval`](crate::Interval)'s `tick()` completes (an
+/// interval treats a tick up to 5 ms late as on time, as tokio does), and for closure timers
+/// ([`Timer::schedule_repeating`](crate::Timer::schedule_repeating)) when the late run
+/// started (`Delay`) or ended (`Skip`).
+///
+/// | policy | next tick after a late one | ticks returned |
+/// |--------|----------------------------|----------------|
+/// | `Burst` (default) | the next grid point, even if it has passed | every grid point, the missed ones back to back |
+/// | `Delay` | `now + p`: the grid restarts from the late tick | one per period from then on |
+/// | `Skip` | the first grid point after `now` | on the original grid, the passed points dropped |
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
-pub enum MissedTicks {
-    /// Run the missed grid points back to back, then continue on the grid.
-    Burst,
-    /// Restart the grid from the late run's start: the next run is one period after it.
-    Delay,
-    /// Drop the missed points and return to the original grid.
+pub enum MissedTickBehavior {
+    /// Tick for every missed grid point, back to back, then continue on the grid (the default,
+    /// as in tokio).
     #[default]
+    Burst,
+    /// Restart the grid from the late tick: the next tick is one period after it.
+    Delay,
+    /// Drop the missed grid points and return to the original grid.
     Skip,
 }
+
+/// The name of [`MissedTickBehavior`] before it became shared with [`Interval`](crate::Interval).
+#[deprecated(note = "renamed `MissedTickBehavior` (the same type)")]
+pub type MissedTicks = MissedTickBehavior;
 
 /// When the next run of a repeating timer is due.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Cadence {
     /// Grid points `anchor + k * period`, with a missed-tick policy.
-    FixedRate { period: u64, missed: MissedTicks },
+    FixedRate { period: u64, missed: MissedTickBehavior },
     /// `delay` after the end of the previous run.
     FixedDelay { delay: u64 },
 }
@@ -77,11 +94,11 @@ impl<F: FnMut() + Send + 'static> Repeat for Repeating<F> {
                 let next = self.grid(next_point, period);
                 let late = start >= next;
                 match missed {
-                    MissedTicks::Burst => {
+                    MissedTickBehavior::Burst => {
                         self.point = next_point;
                         next
                     }
-                    MissedTicks::Skip => {
+                    MissedTickBehavior::Skip => {
                         // The first grid point after the run ended.
                         let point = if next > end {
                             next_point
@@ -91,12 +108,12 @@ impl<F: FnMut() + Send + 'static> Repeat for Repeating<F> {
                         self.point = point;
                         self.grid(point, period)
                     }
-                    MissedTicks::Delay if late => {
+                    MissedTickBehavior::Delay if late => {
                         self.anchor = start;
                         self.point = 1;
                         start.saturating_add(period)
                     }
-                    MissedTicks::Delay => {
+                    MissedTickBehavior::Delay => {
                         self.point = next_point;
                         next
                     }
@@ -122,7 +139,7 @@ mod tests {
     fn fixed_rate_on_time_follows_the_grid() {
         let cadence = Cadence::FixedRate {
             period: 100,
-            missed: MissedTicks::Skip,
+            missed: MissedTickBehavior::Skip,
         };
         assert_eq!(
             ran(cadence, &[(100, 100, 110), (200, 200, 210)]),
@@ -135,7 +152,7 @@ mod tests {
         // The first run (due 100) starts at 350: grid points 200 and 300 were missed.
         let burst = Cadence::FixedRate {
             period: 100,
-            missed: MissedTicks::Burst,
+            missed: MissedTickBehavior::Burst,
         };
         assert_eq!(
             ran(burst, &[(100, 350, 360), (200, 360, 361), (300, 361, 362)]),
@@ -143,12 +160,12 @@ mod tests {
         );
         let skip = Cadence::FixedRate {
             period: 100,
-            missed: MissedTicks::Skip,
+            missed: MissedTickBehavior::Skip,
         };
         assert_eq!(ran(skip, &[(100, 350, 360)]), [400]);
         let delay = Cadence::FixedRate {
             period: 100,
-            missed: MissedTicks::Delay,
+            missed: MissedTickBehavior::Delay,
         };
         assert_eq!(ran(delay, &[(100, 350, 360), (450, 450, 455)]), [450, 550]);
     }
@@ -168,7 +185,7 @@ mod tests {
     fn a_reset_restarts_the_grid() {
         let cadence = Cadence::FixedRate {
             period: 100,
-            missed: MissedTicks::Skip,
+            missed: MissedTickBehavior::Skip,
         };
         let mut repeating = Repeating::new(|| {}, cadence, 100);
         assert_eq!(repeating.run(100, &|| 101), Some(200));

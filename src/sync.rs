@@ -29,6 +29,12 @@ pub(crate) use std::thread_local;
 /// which the inbox's signal word already orders, so loom need not see it.
 pub(crate) use std::sync::OnceLock;
 
+/// The process-wide default timer's cells ([`crate::default_timer`]): plain `std` even under
+/// loom, because no model uses the default timer.
+pub(crate) mod process {
+    pub(crate) use std::sync::{Mutex, OnceLock};
+}
+
 /// Reference counting for registries that must hand out weak references (loom's `Arc` has no
 /// `Weak`): only the manual clock's list of engines to drive.
 pub(crate) mod registry {

@@ -7,7 +7,7 @@ use crate::engine::shard::{PendingLimit, ShardCore, ShardShared, UnfiredTimer};
 use crate::engine::{Drive, Engine, worker};
 use crate::error::{BuildError, ScheduleError};
 use crate::futures::{Interval, Sleep, Timeout};
-use crate::periodic::{Cadence, MissedTicks, Repeating};
+use crate::periodic::{Cadence, MissedTickBehavior, Repeating};
 use crate::stats::Stats;
 use crate::sync::{Arc, Mutex, registry, thread};
 use crate::task::Task;
@@ -20,7 +20,7 @@ fn nanos(duration: Duration) -> u64 {
 }
 
 /// An instant so far ahead that no timer on it fires within any run (about 30 years).
-fn far_future(now: Instant) -> Instant {
+pub(crate) fn far_future(now: Instant) -> Instant {
     let mut ahead = Duration::from_secs(1 << 30);
     loop {
         if let Some(instant) = now.checked_add(ahead) {
@@ -139,7 +139,7 @@ impl Timer {
     pub fn schedule_repeating<F>(
         &self,
         period: Duration,
-        missed: MissedTicks,
+        missed: MissedTickBehavior,
         task: F,
     ) -> Result<TimerHandle, ScheduleError>
     where
@@ -154,7 +154,7 @@ impl Timer {
         &self,
         initial_delay: Duration,
         period: Duration,
-        missed: MissedTicks,
+        missed: MissedTickBehavior,
         task: F,
     ) -> Result<TimerHandle, ScheduleError>
     where
@@ -206,35 +206,53 @@ impl Timer {
         )
     }
 
-    /// A future that completes once `delay` has passed. Its timer wakes the task inline on the
-    /// shard thread. Dropping it cancels the timer.
+    /// A future that completes once `delay` has passed (`tokio::time::sleep`). Its timer is
+    /// scheduled at its first poll and wakes the task inline on the shard thread; dropping it
+    /// cancels the timer. Panics when polled if this timer is shut down or full: see [`Sleep`].
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let timer = shardwheel::Timer::new()?;
-    /// futures::executor::block_on(timer.sleep(std::time::Duration::from_millis(5)))?;
+    /// futures::executor::block_on(timer.sleep(std::time::Duration::from_millis(5)));
     /// # Ok(())
     /// # }
     /// ```
     pub fn sleep(&self, delay: Duration) -> Sleep {
-        let deadline = self.clock().now().checked_add(delay);
-        match deadline {
-            Some(deadline) => self.sleep_until(deadline),
-            // Beyond representable time: a sleep that never completes.
-            None => Sleep::new(
-                self.inner.engine.home_shard(),
-                far_future(self.clock().now()),
-            ),
-        }
+        let now = self.clock().now();
+        // Beyond representable time: a sleep that never completes.
+        let deadline = now.checked_add(delay).unwrap_or_else(|| far_future(now));
+        self.sleep_until(deadline)
     }
 
-    /// A future that completes at `deadline` (at once if it has passed).
+    /// A future that completes at `deadline` (at its first poll if it has passed), as
+    /// `tokio::time::sleep_until`. Otherwise as [`sleep`](Self::sleep).
     pub fn sleep_until(&self, deadline: Instant) -> Sleep {
-        Sleep::new(self.inner.engine.home_shard(), deadline)
+        Sleep::new(&self.inner.engine, deadline)
     }
 
-    /// Runs `future` with a deadline `delay` from now: `Err(Elapsed)` if it has not completed
-    /// by then (it is dropped with the `Timeout`).
+    /// Like [`sleep_until`](Self::sleep_until), but schedules the timer now (unless `deadline`
+    /// has passed) and returns the error if the engine cannot keep it. A later shutdown still
+    /// makes the sleep's poll panic; [`Sleep::poll_sleep`] reports it instead.
+    ///
+    /// ```
+    /// use shardwheel::{ScheduleError, Timer};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let timer = Timer::builder().max_pending(1).build()?;
+    /// let soon = std::time::Instant::now() + std::time::Duration::from_millis(5);
+    /// let first = timer.try_sleep_until(soon)?;
+    /// assert_eq!(timer.try_sleep_until(soon).unwrap_err(), ScheduleError::Full);
+    /// futures::executor::block_on(first);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn try_sleep_until(&self, deadline: Instant) -> Result<Sleep, ScheduleError> {
+        Sleep::armed(&self.inner.engine, deadline)
+    }
+
+    /// Runs `future` with a deadline `delay` from now (`tokio::time::timeout`): `Ok(output)` if
+    /// it completes first, else `Err(Elapsed)` (it is dropped with the `Timeout`). No timer is
+    /// scheduled unless the future is pending when polled. Panics when polled if this timer
+    /// is shut down or full: see [`Sleep`].
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -249,21 +267,75 @@ impl Timer {
         Timeout::new(future, self.sleep(delay))
     }
 
-    /// Runs `future` with a deadline at `deadline`.
+    /// Runs `future` with a deadline at `deadline` (`tokio::time::timeout_at`).
     pub fn timeout_at<F: Future>(&self, deadline: Instant, future: F) -> Timeout<F> {
         Timeout::new(future, self.sleep_until(deadline))
     }
 
-    /// An [`Interval`] ticking every `period`, first one period from now.
-    pub fn interval(
+    /// Like [`timeout_at`](Self::timeout_at), but schedules the deadline's timer now and
+    /// returns the error if the engine cannot keep it (see
+    /// [`try_sleep_until`](Self::try_sleep_until)).
+    pub fn try_timeout_at<F: Future>(
         &self,
+        deadline: Instant,
+        future: F,
+    ) -> Result<Timeout<F>, ScheduleError> {
+        Ok(Timeout::new(future, self.try_sleep_until(deadline)?))
+    }
+
+    /// An [`Interval`] ticking every `period`, the first tick at once
+    /// (`tokio::time::interval`); missed ticks [`Burst`](MissedTickBehavior::Burst) by default.
+    ///
+    /// # Panics
+    ///
+    /// If `period` is zero, as tokio's does; [`try_interval_at`](Self::try_interval_at) returns
+    /// [`ScheduleError::ZeroPeriod`] instead.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let timer = shardwheel::Timer::new()?;
+    /// let mut interval = timer.interval(std::time::Duration::from_millis(5));
+    /// futures::executor::block_on(async {
+    ///     let first = interval.tick().await; // at once
+    ///     assert_eq!(interval.tick().await, first + interval.period());
+    /// });
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn interval(&self, period: Duration) -> Interval {
+        self.interval_at(self.clock().now(), period)
+    }
+
+    /// An [`Interval`] whose first tick is at `start`, then every `period`
+    /// (`tokio::time::interval_at`).
+    ///
+    /// # Panics
+    ///
+    /// If `period` is zero, as tokio's does.
+    #[track_caller]
+    pub fn interval_at(&self, start: Instant, period: Duration) -> Interval {
+        assert!(
+            !period.is_zero(),
+            "shardwheel: an interval's `period` must be non-zero"
+        );
+        Interval::new(self.sleep_until(start), period)
+    }
+
+    /// Like [`interval_at`](Self::interval_at), but a zero `period` is
+    /// [`ScheduleError::ZeroPeriod`] and a shut-down timer [`ScheduleError::Shutdown`].
+    pub fn try_interval_at(
+        &self,
+        start: Instant,
         period: Duration,
-        missed: MissedTicks,
     ) -> Result<Interval, ScheduleError> {
         if period.is_zero() {
             return Err(ScheduleError::ZeroPeriod);
         }
-        Ok(Interval::new(self.sleep(period), period, missed))
+        if self.is_shut_down() {
+            return Err(ScheduleError::Shutdown);
+        }
+        Ok(Interval::new(self.sleep_until(start), period))
     }
 
     /// Timers scheduled and neither fired nor cancelled yet. Exact at every instant when

@@ -1,12 +1,15 @@
 //! `Timer::sleep` / `Timer::sleep_until`: the `Sleep` future's type, its never-early
-//! completion, cancellation on drop (with the memory behind it released at once), and
-//! `Sleep::reset` in both directions and after completion.
+//! completion, lazy registration (no timer before the first pending poll), cancellation on drop
+//! (with the memory behind it released at once), `Sleep::reset` in both directions and after
+//! completion, and what a sleep does when the engine cannot keep its timer (panics; the `try_`
+//! constructor and `poll_sleep` report the error).
 
 #[path = "async_support.rs"]
 mod support;
 
 use futures::executor::block_on;
 use shardwheel::{Interval, ScheduleError, Sleep, Timeout, Timer};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
@@ -18,24 +21,25 @@ fn timer() -> Timer {
 
 /// Compile-time checks: these only build if the bounds hold.
 fn assert_send<T: Send>() {}
+fn assert_sync<T: Sync>() {}
 fn assert_unpin<T: Unpin>() {}
 fn assert_future<F: std::future::Future<Output = O>, O>(_: &F) {}
 
 #[test]
-fn sleep_is_send_unpin_and_outputs_a_schedule_result() {
+fn sleep_is_send_sync_unpin_and_outputs_unit() {
     assert_send::<Sleep>();
+    assert_sync::<Sleep>();
     assert_unpin::<Sleep>();
     assert_send::<Timeout<std::future::Pending<()>>>();
     assert_send::<Interval>();
     let timer = timer();
     let sleep = timer.sleep(Duration::from_millis(1));
-    assert_future::<_, Result<(), ScheduleError>>(&sleep);
+    assert_future::<_, ()>(&sleep);
     let until = timer.sleep_until(Instant::now());
-    assert_future::<_, Result<(), ScheduleError>>(&until);
+    assert_future::<_, ()>(&until);
     // A Sleep can be moved to another thread and awaited there.
-    let waited = std::thread::spawn(move || block_on(sleep)).join().unwrap();
-    assert_eq!(waited, Ok(()));
-    assert_eq!(block_on(until), Ok(()));
+    std::thread::spawn(move || block_on(sleep)).join().unwrap();
+    block_on(until);
 }
 
 #[test]
@@ -46,7 +50,7 @@ fn sleep_completes_and_is_never_early() {
         let before = Instant::now();
         let sleep = timer.sleep(delay);
         assert!(sleep.deadline() >= before + delay);
-        assert_eq!(block_on(sleep), Ok(()));
+        block_on(sleep);
         let took = before.elapsed();
         assert!(took >= delay, "sleep({delay:?}) completed after {took:?}");
         assert!(
@@ -63,15 +67,15 @@ fn sleep_until_is_never_early_and_a_passed_deadline_completes() {
     let mut sleep = timer.sleep_until(deadline);
     assert_eq!(sleep.deadline(), deadline);
     assert!(!sleep.is_elapsed());
-    assert_eq!(block_on(&mut sleep), Ok(()));
+    block_on(&mut sleep);
     assert!(Instant::now() >= deadline);
     assert!(sleep.is_elapsed());
     // Polling a completed sleep again stays ready.
-    assert_eq!(poll_noop(&mut sleep), Poll::Ready(Ok(())));
+    assert_eq!(poll_noop(&mut sleep), Poll::Ready(()));
 
     let passed = Instant::now() - Duration::from_millis(50);
     let before = Instant::now();
-    assert_eq!(block_on(timer.sleep_until(passed)), Ok(()));
+    block_on(timer.sleep_until(passed));
     assert!(before.elapsed() < Duration::from_millis(500));
 }
 
@@ -85,7 +89,7 @@ fn many_concurrent_sleeps_each_complete_never_early() {
                 for round in 0..10u64 {
                     let delay = Duration::from_micros(300 * ((thread * 7 + round * 3) % 17));
                     let before = Instant::now();
-                    block_on(timer.sleep(delay)).unwrap();
+                    block_on(timer.sleep(delay));
                     let took = before.elapsed();
                     assert!(took >= delay, "{delay:?} took {took:?}");
                 }
@@ -150,23 +154,41 @@ fn dropping_pending_sleeps_cancels_their_timers_and_releases_them_at_once() {
     assert_eq!(timer.stats().fired, before.fired);
 }
 
+/// Lazy registration: a sleep schedules its timer at its first pending poll, not before, so an
+/// unpolled sleep costs the engine nothing, and neither does its drop.
 #[test]
-fn dropping_an_unpolled_sleep_cancels_it_too() {
+fn an_unpolled_sleep_never_touches_the_engine() {
     let timer = timer();
+    let before = timer.stats();
     let sleeps: Vec<Sleep> = (0..1000)
         .map(|_| timer.sleep(Duration::from_secs(60)))
         .collect();
-    assert_eq!(timer.pending(), 1000);
-    drop(sleeps);
     assert_eq!(timer.pending(), 0);
-    assert_eq!(timer.stats().cancelled, 1000);
+    drop(sleeps);
+    let after = timer.stats();
+    assert_eq!(
+        (after.scheduled, after.cancelled, after.fired, after.reset),
+        (before.scheduled, before.cancelled, before.fired, before.reset)
+    );
+    // A sleep first polled after its deadline completes without a timer.
+    let mut late = timer.sleep(Duration::from_millis(2));
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(poll_noop(&mut late), Poll::Ready(()));
+    assert_eq!(timer.stats().scheduled, before.scheduled);
+    // The first pending poll schedules it.
+    let mut sleep = timer.sleep(Duration::from_secs(60));
+    assert!(poll_noop(&mut sleep).is_pending());
+    assert_eq!(timer.pending(), 1);
+    drop(sleep);
+    assert_eq!(timer.pending(), 0);
+    assert_eq!(timer.stats().cancelled, before.cancelled + 1);
 }
 
 #[test]
 fn dropping_a_completed_sleep_cancels_nothing() {
     let timer = timer();
     let mut sleep = timer.sleep(Duration::from_millis(2));
-    block_on(&mut sleep).unwrap();
+    block_on(&mut sleep);
     drop(sleep);
     let stats = timer.stats();
     assert_eq!(stats.cancelled, 0);
@@ -181,9 +203,9 @@ fn reset_moves_the_deadline_earlier() {
     assert!(poll_noop(&mut sleep).is_pending());
     let reset_at = Instant::now();
     let deadline = reset_at + Duration::from_millis(20);
-    sleep.reset(deadline);
+    Pin::new(&mut sleep).reset(deadline);
     assert_eq!(sleep.deadline(), deadline);
-    block_on(&mut sleep).unwrap();
+    block_on(&mut sleep);
     let now = Instant::now();
     assert!(now >= deadline);
     assert!(
@@ -204,11 +226,13 @@ fn reset_moves_the_deadline_later() {
     let mut sleep = timer.sleep(Duration::from_millis(10));
     assert!(poll_noop(&mut sleep).is_pending());
     let deadline = start + Duration::from_millis(120);
-    sleep.reset(deadline);
+    // tokio's form, on a pinned sleep.
+    let mut pinned = std::pin::pin!(sleep);
+    pinned.as_mut().reset(deadline);
     // Well past the original deadline it is still pending.
     std::thread::sleep(Duration::from_millis(40));
-    assert!(poll_noop(&mut sleep).is_pending());
-    block_on(&mut sleep).unwrap();
+    assert!(poll_noop(&mut pinned).is_pending());
+    block_on(&mut pinned);
     assert!(Instant::now() >= deadline);
 }
 
@@ -216,63 +240,91 @@ fn reset_moves_the_deadline_later() {
 fn reset_after_completion_arms_the_sleep_again() {
     let timer = timer();
     let mut sleep = timer.sleep(Duration::from_millis(5));
-    block_on(&mut sleep).unwrap();
+    block_on(&mut sleep);
     assert!(sleep.is_elapsed());
 
     let again = Instant::now() + Duration::from_millis(40);
-    sleep.reset(again);
+    Pin::new(&mut sleep).reset(again);
     assert!(!sleep.is_elapsed());
     assert!(poll_noop(&mut sleep).is_pending());
-    block_on(&mut sleep).unwrap();
+    block_on(&mut sleep);
     assert!(Instant::now() >= again);
 
-    // Into the past: completes promptly.
+    // Into the past: completes at the next poll, without a timer.
     let before = Instant::now();
-    sleep.reset(before - Duration::from_millis(5));
-    block_on(&mut sleep).unwrap();
+    Pin::new(&mut sleep).reset(before - Duration::from_millis(5));
+    block_on(&mut sleep);
     assert!(before.elapsed() < Duration::from_millis(500));
-    assert_eq!(timer.stats().scheduled, 3);
+    assert_eq!(timer.stats().scheduled, 2);
 }
 
+/// Polls `sleep` with `poll_sleep`, which reports what `poll` panics on.
+fn poll_sleep_noop(sleep: &mut Sleep) -> Poll<Result<(), ScheduleError>> {
+    Pin::new(sleep).poll_sleep(&mut std::task::Context::from_waker(std::task::Waker::noop()))
+}
+
+/// The panic message of `run`, which must panic.
+fn panic_message(run: impl FnOnce()) -> String {
+    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).expect_err("no panic");
+    match payload.downcast::<String>() {
+        Ok(message) => *message,
+        Err(payload) => payload.downcast::<&str>().map_or_else(|_| String::new(), |m| m.to_string()),
+    }
+}
+
+/// As tokio's: a sleep whose engine cannot keep its timer panics when polled (it must neither
+/// complete, which would make a loop around it spin, nor hang); the `try_` constructor and
+/// `poll_sleep` report the error instead.
 #[test]
-fn sleep_on_a_shut_down_timer_fails_with_a_schedule_error() {
+fn sleep_on_a_shut_down_timer_panics_and_the_fallible_forms_report_it() {
+    support::quiet_intentional_panics();
     let timer = timer();
     timer.shutdown();
+    // Making a sleep is fine (lazy); polling it panics, naming the error.
+    let message = panic_message(|| block_on(timer.sleep(Duration::from_millis(1))));
+    assert!(message.contains(&ScheduleError::Shutdown.to_string()), "{message}");
+    let mut sleep = timer.sleep(Duration::from_millis(1));
+    assert_eq!(poll_sleep_noop(&mut sleep), Poll::Ready(Err(ScheduleError::Shutdown)));
     assert_eq!(
-        block_on(timer.sleep(Duration::from_millis(1))),
-        Err(ScheduleError::Shutdown)
+        timer.try_sleep_until(Instant::now() + Duration::from_millis(1)).unwrap_err(),
+        ScheduleError::Shutdown
     );
-    let mut sleep = timer.sleep_until(Instant::now());
-    assert_eq!(
-        poll_noop(&mut sleep),
-        Poll::Ready(Err(ScheduleError::Shutdown))
-    );
+    // A deadline that has passed needs no timer: it completes.
+    block_on(timer.sleep_until(Instant::now()));
 }
 
 #[test]
 fn a_sleep_that_cannot_get_a_timer_reports_full() {
+    support::quiet_intentional_panics();
     let timer = Timer::builder().shards(1).max_pending(1).build().unwrap();
     let mut first = timer.sleep(Duration::from_secs(60));
     assert!(poll_noop(&mut first).is_pending());
     let mut second = timer.sleep(Duration::from_millis(1));
-    assert_eq!(
-        poll_noop(&mut second),
-        Poll::Ready(Err(ScheduleError::Full))
-    );
+    assert_eq!(poll_sleep_noop(&mut second), Poll::Ready(Err(ScheduleError::Full)));
+    let soon = Instant::now() + Duration::from_millis(1);
+    assert_eq!(timer.try_sleep_until(soon).unwrap_err(), ScheduleError::Full);
+    let message = panic_message(|| block_on(timer.sleep(Duration::from_millis(1))));
+    assert!(message.contains(&ScheduleError::Full.to_string()), "{message}");
     drop(first);
-    // Reset retries the registration.
-    second.reset(Instant::now());
-    assert_eq!(block_on(second), Ok(()));
+    // The next poll tries again.
+    block_on(second);
+    let armed = timer.try_sleep_until(Instant::now() + Duration::from_millis(1)).unwrap();
+    assert_eq!(timer.pending(), 1);
+    block_on(armed);
 }
 
 /// A task awaiting a sleep when its engine shuts down must be woken (the sleep then reports
-/// `Err(ScheduleError::Shutdown)`), or it would wait forever.
+/// `Err(ScheduleError::Shutdown)` through `poll_sleep`, and `poll` panics), or it would wait
+/// forever.
 #[test]
 fn shutdown_wakes_a_task_awaiting_a_sleep() {
     let timer = timer();
-    let sleep = timer.sleep(Duration::from_secs(60));
+    let mut sleep = timer.sleep(Duration::from_secs(60));
     let (sender, receiver) = std::sync::mpsc::channel();
-    std::thread::spawn(move || sender.send(block_on(sleep)));
+    std::thread::spawn(move || {
+        let result = block_on(std::future::poll_fn(|cx| Pin::new(&mut sleep).poll_sleep(cx)));
+        sender.send(result)
+    });
     std::thread::sleep(Duration::from_millis(50));
     drop(timer.shutdown());
     let result = receiver.recv_timeout(Duration::from_secs(2));

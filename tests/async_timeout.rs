@@ -1,5 +1,5 @@
-//! `Timer::timeout` / `Timer::timeout_at`: `Result<T, Elapsed>`, never early, and dropping a
-//! pending `Timeout` cancels its timer.
+//! `Timer::timeout` / `Timer::timeout_at`: `Result<T, Elapsed>`, never early, lazy (a future
+//! ready at its first poll costs no timer), and dropping a pending `Timeout` cancels its timer.
 
 #[path = "async_support.rs"]
 mod support;
@@ -35,11 +35,13 @@ fn the_output_is_returned_when_the_future_wins() {
     let before = Instant::now();
     let inner = timer.sleep(Duration::from_millis(10));
     let result = block_on(timer.timeout(Duration::from_secs(10), inner));
-    assert_eq!(result, Ok(Ok(())));
+    assert_eq!(result, Ok(()));
     assert!(before.elapsed() >= Duration::from_millis(10));
-    // The winner's deadline timer was cancelled when the Timeout was dropped.
+    // The winner's deadline timer was cancelled when the Timeout was dropped; the first
+    // timeout, ready at once, never had one.
     assert!(wait_until(Duration::from_secs(1), || timer.pending() == 0));
-    assert_eq!(timer.stats().cancelled, 2);
+    let stats = timer.stats();
+    assert_eq!((stats.scheduled, stats.cancelled), (2, 1));
 }
 
 #[test]
@@ -109,9 +111,40 @@ fn dropping_a_pending_timeout_cancels_its_timer() {
 #[test]
 fn into_inner_gives_the_future_back_and_cancels_the_deadline() {
     let timer = timer();
-    let timeout = timer.timeout(Duration::from_secs(60), ready(5));
+    let mut timeout = timer.timeout(Duration::from_secs(60), pending::<()>());
+    assert!(poll_noop(&mut timeout).is_pending());
     assert_eq!(timer.pending(), 1);
     let future = timeout.into_inner();
     assert_eq!(timer.pending(), 0);
-    assert_eq!(block_on(future), 5);
+    let mut future = Box::pin(future);
+    assert!(poll_noop(&mut future).is_pending());
+    // Never polled: no timer at all.
+    let timeout = timer.timeout(Duration::from_secs(60), ready(5));
+    assert_eq!(block_on(timeout.into_inner()), 5);
+    assert_eq!(timer.stats().scheduled, 1);
+}
+
+/// Lazy registration: a future ready at its first poll completes its timeout without touching
+/// the engine (no schedule, no cancel), and so does a never-polled timeout's drop.
+#[test]
+fn a_timeout_ready_at_its_first_poll_leaves_the_engine_untouched() {
+    let timer = timer();
+    let before = timer.stats();
+    for round in 0..1000u32 {
+        assert_eq!(block_on(timer.timeout(Duration::from_secs(5), ready(round))), Ok(round));
+        let deadline = Instant::now() + Duration::from_secs(5);
+        assert_eq!(block_on(timer.timeout_at(deadline, async move { round })), Ok(round));
+        drop(timer.timeout(Duration::from_secs(5), pending::<()>()));
+    }
+    let after = timer.stats();
+    assert_eq!(
+        (after.scheduled, after.cancelled, after.fired, after.reset),
+        (before.scheduled, before.cancelled, before.fired, before.reset),
+        "a ready-at-first-poll timeout touched the engine"
+    );
+    assert_eq!(timer.pending(), 0);
+    // `get_ref` and `get_mut` reach the inner future.
+    let mut timeout = timer.timeout(Duration::from_secs(5), ready(3));
+    let inner: *const _ = timeout.get_ref();
+    assert!(std::ptr::eq(inner, timeout.get_mut()));
 }

@@ -7,7 +7,7 @@
 #[path = "async_support.rs"]
 mod support;
 
-use shardwheel::{Clock, Executor, MissedTicks, Timer, TimerState};
+use shardwheel::{Clock, Executor, MissedTickBehavior, Timer, TimerState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
@@ -175,7 +175,7 @@ fn a_sleep_completes_on_the_advance_that_reaches_its_deadline() {
     assert!(poll_once(&mut sleep, &waker).is_pending());
     clock.advance(ms(1));
     assert_eq!(woken.wakes(), 1, "the wake-up runs inline within advance");
-    assert_eq!(poll_once(&mut sleep, &waker), Poll::Ready(Ok(())));
+    assert_eq!(poll_once(&mut sleep, &waker), Poll::Ready(()));
 
     // sleep_until, with a deadline between ticks: rounded up to the next 1 ms tick.
     let mut until = timer.sleep_until(clock.now() + Duration::from_micros(2500));
@@ -183,7 +183,7 @@ fn a_sleep_completes_on_the_advance_that_reaches_its_deadline() {
     clock.advance(ms(2));
     assert!(poll_once(&mut until, &waker).is_pending());
     clock.advance(ms(1));
-    assert_eq!(poll_once(&mut until, &waker), Poll::Ready(Ok(())));
+    assert_eq!(poll_once(&mut until, &waker), Poll::Ready(()));
 }
 
 #[test]
@@ -193,20 +193,20 @@ fn sleep_reset_earlier_later_and_after_completion() {
     let mut sleep = timer.sleep(ms(100));
     assert!(poll_noop(&mut sleep).is_pending());
     // Earlier.
-    sleep.reset(start + ms(10));
+    std::pin::Pin::new(&mut sleep).reset(start + ms(10));
     clock.advance(ms(10));
     assert!(poll_noop(&mut sleep).is_ready());
     // After completion, later.
-    sleep.reset(start + ms(40));
+    std::pin::Pin::new(&mut sleep).reset(start + ms(40));
     assert!(poll_noop(&mut sleep).is_pending());
     clock.advance(ms(29));
     assert!(poll_noop(&mut sleep).is_pending());
     clock.advance(ms(1));
     assert!(poll_noop(&mut sleep).is_ready());
     // Pending, then later still: the old deadline passes without completing it.
-    sleep.reset(start + ms(50));
+    std::pin::Pin::new(&mut sleep).reset(start + ms(50));
     assert!(poll_noop(&mut sleep).is_pending());
-    sleep.reset(start + ms(70));
+    std::pin::Pin::new(&mut sleep).reset(start + ms(70));
     clock.advance(ms(10));
     assert!(poll_noop(&mut sleep).is_pending());
     clock.advance(ms(19));
@@ -233,7 +233,7 @@ fn timeouts_follow_the_manual_clock() {
     assert!(poll_noop(&mut timeout).is_pending());
     assert_eq!(timer.pending(), 2);
     clock.advance(ms(20));
-    assert_eq!(poll_noop(&mut timeout), Poll::Ready(Ok(Ok(()))));
+    assert_eq!(poll_noop(&mut timeout), Poll::Ready(Ok(())));
     // Dropping the Timeout cancels its own (still pending) deadline.
     drop(timeout);
     assert_eq!(timer.pending(), 0);
@@ -252,12 +252,12 @@ fn fixed_rate_runs_exactly_on_the_grid() {
     let runs = Runs::new(&clock);
     let record = runs.clone();
     let handle = timer
-        .schedule_repeating(ms(10), MissedTicks::Skip, move || record.record())
+        .schedule_repeating(ms(10), MissedTickBehavior::Skip, move || record.record())
         .unwrap();
     let after = Runs::new(&clock);
     let record = after.clone();
     let delayed = timer
-        .schedule_repeating_after(ms(3), ms(7), MissedTicks::Burst, move || record.record())
+        .schedule_repeating_after(ms(3), ms(7), MissedTickBehavior::Burst, move || record.record())
         .unwrap();
     step(&clock, 200);
     assert_eq!(runs.millis(), (1..=20).map(|k| 10 * k).collect::<Vec<_>>());
@@ -275,7 +275,7 @@ fn fixed_rate_runs_exactly_on_the_grid() {
 
 /// A repeating timer with period 10 ms, then one advance of 35 ms (the points at 10, 20 and
 /// 30 ms are all due at once), then 1 ms steps to 60 ms. Returns when each run happened.
-fn one_big_advance(missed: MissedTicks) -> Vec<u64> {
+fn one_big_advance(missed: MissedTickBehavior) -> Vec<u64> {
     let (clock, timer) = manual();
     let runs = Runs::new(&clock);
     let record = runs.clone();
@@ -290,19 +290,19 @@ fn one_big_advance(missed: MissedTicks) -> Vec<u64> {
 #[test]
 fn burst_runs_every_missed_point_within_the_advance() {
     assert_eq!(
-        one_big_advance(MissedTicks::Burst),
+        one_big_advance(MissedTickBehavior::Burst),
         [35, 35, 35, 40, 50, 60]
     );
 }
 
 #[test]
 fn skip_drops_the_missed_points_and_keeps_the_grid() {
-    assert_eq!(one_big_advance(MissedTicks::Skip), [35, 40, 50, 60]);
+    assert_eq!(one_big_advance(MissedTickBehavior::Skip), [35, 40, 50, 60]);
 }
 
 #[test]
 fn delay_restarts_the_grid_from_the_late_run() {
-    assert_eq!(one_big_advance(MissedTicks::Delay), [35, 45, 55]);
+    assert_eq!(one_big_advance(MissedTickBehavior::Delay), [35, 45, 55]);
 }
 
 #[test]
@@ -327,7 +327,7 @@ fn reset_and_cancel_of_a_repeating_timer() {
     let runs = Runs::new(&clock);
     let record = runs.clone();
     let handle = timer
-        .schedule_repeating(ms(100), MissedTicks::Skip, move || record.record())
+        .schedule_repeating(ms(100), MissedTickBehavior::Skip, move || record.record())
         .unwrap();
     clock.advance(ms(30));
     // Bring the next run forward to 40 ms: the grid restarts there.
@@ -353,7 +353,7 @@ fn a_task_that_cancels_its_own_timer_runs_no_more() {
     let slot: Arc<Mutex<Option<shardwheel::TimerHandle>>> = Arc::default();
     let own = slot.clone();
     let handle = timer
-        .schedule_repeating(ms(10), MissedTicks::Burst, move || {
+        .schedule_repeating(ms(10), MissedTickBehavior::Burst, move || {
             record.record();
             if record.at.lock().unwrap().len() == 3 {
                 assert!(own.lock().unwrap().as_ref().unwrap().cancel());
@@ -369,15 +369,17 @@ fn a_task_that_cancels_its_own_timer_runs_no_more() {
 fn intervals_tick_on_the_manual_clock() {
     let (clock, timer) = manual();
     let origin = clock.now();
-    let mut interval = timer.interval(ms(10), MissedTicks::Skip).unwrap();
+    let mut interval = timer.interval(ms(10));
+    interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut tick = Box::pin(async move {
         let mut ticks = Vec::new();
         for _ in 0..3 {
-            ticks.push(interval.tick().await.unwrap());
+            ticks.push(interval.tick().await);
         }
         ticks
     });
-    for _ in 0..29 {
+    // The first tick at once, then one per 10 ms.
+    for _ in 0..19 {
         assert!(poll_noop(&mut tick).is_pending());
         clock.advance(ms(1));
     }
@@ -385,16 +387,17 @@ fn intervals_tick_on_the_manual_clock() {
     clock.advance(ms(1));
     assert_eq!(
         poll_noop(&mut tick),
-        Poll::Ready(vec![origin + ms(10), origin + ms(20), origin + ms(30)])
+        Poll::Ready(vec![origin, origin + ms(10), origin + ms(20)])
     );
 }
 
-/// Ticks of a 10 ms interval after one advance of 35 ms, then 1 ms steps to 60 ms: (due, seen)
-/// in ms since the interval was made. `advance(ZERO)` lets a tick reset into the past fire.
-fn interval_after_a_big_advance(missed: MissedTicks) -> Vec<(u64, u64)> {
+/// Ticks of a 10 ms interval: the first at once, then after one advance of 35 ms, then 1 ms
+/// steps to 60 ms: (due, seen) in ms since the interval was made.
+fn interval_after_a_big_advance(missed: MissedTickBehavior) -> Vec<(u64, u64)> {
     let (clock, timer) = manual();
     let origin = clock.now();
-    let mut interval = timer.interval(ms(10), missed).unwrap();
+    let mut interval = timer.interval(ms(10));
+    interval.set_missed_tick_behavior(missed);
     let since = |instant: Instant| (instant - origin).as_millis() as u64;
     let mut ticks = Vec::new();
     let seen = |interval: &mut shardwheel::Interval, ticks: &mut Vec<(u64, u64)>| {
@@ -403,13 +406,14 @@ fn interval_after_a_big_advance(missed: MissedTicks) -> Vec<(u64, u64)> {
         // manual clock is the next advance: give it one that does not move the time.
         for _ in 0..2 {
             if let Poll::Ready(due) = poll_noop(&mut next) {
-                ticks.push((since(due.unwrap()), since(clock.now())));
+                ticks.push((since(due), since(clock.now())));
                 return true;
             }
             clock.advance(Duration::ZERO);
         }
         false
     };
+    while seen(&mut interval, &mut ticks) {}
     clock.advance(ms(35));
     while seen(&mut interval, &mut ticks) {}
     for _ in 0..25 {
@@ -422,30 +426,30 @@ fn interval_after_a_big_advance(missed: MissedTicks) -> Vec<(u64, u64)> {
 #[test]
 fn interval_burst_returns_every_missed_point() {
     assert_eq!(
-        interval_after_a_big_advance(MissedTicks::Burst),
-        [(10, 35), (20, 35), (30, 35), (40, 40), (50, 50), (60, 60)]
+        interval_after_a_big_advance(MissedTickBehavior::Burst),
+        [(0, 0), (10, 35), (20, 35), (30, 35), (40, 40), (50, 50), (60, 60)]
     );
 }
 
 #[test]
 fn interval_skip_returns_to_the_grid() {
     assert_eq!(
-        interval_after_a_big_advance(MissedTicks::Skip),
-        [(10, 35), (40, 40), (50, 50), (60, 60)]
+        interval_after_a_big_advance(MissedTickBehavior::Skip),
+        [(0, 0), (10, 35), (40, 40), (50, 50), (60, 60)]
     );
 }
 
 #[test]
 fn interval_delay_restarts_from_the_late_tick() {
     assert_eq!(
-        interval_after_a_big_advance(MissedTicks::Delay),
-        [(10, 35), (45, 45), (55, 55)]
+        interval_after_a_big_advance(MissedTickBehavior::Delay),
+        [(0, 0), (10, 35), (45, 45), (55, 55)]
     );
 }
 
 /// `sleep_until` documents "at once if it has passed". On a manual clock a sleep whose deadline
 /// has already passed stays pending until the test advances the clock again (even by zero):
-/// nothing drives the shard in between. An interval with `MissedTicks::Burst` after a big
+/// nothing drives the shard in between. An interval with `MissedTickBehavior::Burst` after a big
 /// advance shows it too: its second tick never completes without another `advance`.
 #[test]
 fn a_sleep_whose_deadline_has_passed_completes_without_another_advance() {

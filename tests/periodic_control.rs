@@ -5,7 +5,7 @@
 #[path = "async_support.rs"]
 mod support;
 
-use shardwheel::{Executor, MissedTicks, Timer, TimerState};
+use shardwheel::{Executor, MissedTickBehavior, Timer, TimerState};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -63,10 +63,10 @@ fn runs_of_one_timer_never_overlap_even_on_a_parallel_pool() {
         let (own_in, overlaps_in, runs_in, all_in) =
             (own.clone(), overlaps.clone(), runs.clone(), all.clone());
         let missed = [
-            MissedTicks::Burst,
-            MissedTicks::Skip,
-            MissedTicks::Delay,
-            MissedTicks::Burst,
+            MissedTickBehavior::Burst,
+            MissedTickBehavior::Skip,
+            MissedTickBehavior::Delay,
+            MissedTickBehavior::Burst,
         ][index];
         // The period (1 ms) is shorter than a run (3 ms): every run makes the next one due.
         let handle = if index == 3 {
@@ -122,7 +122,7 @@ fn cancel_stops_future_runs_and_the_run_in_progress_finishes() {
     let (started, is_started) = mpsc::channel();
     let (runs_in, finished_in) = (runs.clone(), finished.clone());
     let handle = timer
-        .schedule_repeating(ms(5), MissedTicks::Burst, move || {
+        .schedule_repeating(ms(5), MissedTickBehavior::Burst, move || {
             let run = runs_in.fetch_add(1, Ordering::SeqCst) + 1;
             if run == 3 {
                 let _ = started.send(());
@@ -161,7 +161,7 @@ fn no_run_starts_after_cancel_returned_true() {
         let runs = Arc::new(AtomicUsize::new(0));
         let late = Arc::new(AtomicUsize::new(0));
         let (cancelled_in, runs_in, late_in) = (cancelled.clone(), runs.clone(), late.clone());
-        let missed = [MissedTicks::Burst, MissedTicks::Skip, MissedTicks::Delay][round % 3];
+        let missed = [MissedTickBehavior::Burst, MissedTickBehavior::Skip, MissedTickBehavior::Delay][round % 3];
         let handle = timer
             .schedule_repeating(ms(1), missed, move || {
                 if cancelled_in.load(Ordering::SeqCst) {
@@ -197,7 +197,7 @@ fn a_panicking_run_ends_its_timer_only_and_is_counted() {
     let steady_runs = Arc::new(AtomicUsize::new(0));
     let faulty_in = faulty_runs.clone();
     let faulty = timer
-        .schedule_repeating(ms(2), MissedTicks::Skip, move || {
+        .schedule_repeating(ms(2), MissedTickBehavior::Skip, move || {
             if faulty_in.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
                 panic!("third run panics on purpose");
             }
@@ -205,7 +205,7 @@ fn a_panicking_run_ends_its_timer_only_and_is_counted() {
         .unwrap();
     let steady_in = steady_runs.clone();
     let steady = timer
-        .schedule_repeating(ms(2), MissedTicks::Skip, move || {
+        .schedule_repeating(ms(2), MissedTickBehavior::Skip, move || {
             steady_in.fetch_add(1, Ordering::SeqCst);
         })
         .unwrap();
@@ -244,7 +244,7 @@ fn reset_moves_the_next_run_and_restarts_the_grid() {
     let period = ms(60);
     let start = Instant::now();
     let handle = timer
-        .schedule_repeating(period, MissedTicks::Skip, move || record.stamp())
+        .schedule_repeating(period, MissedTickBehavior::Skip, move || record.stamp())
         .unwrap();
     assert!(wait_until(Duration::from_secs(5), || runs.len() == 1));
     // After the first run (due at 60 ms), push the next one 150 ms out instead of 120 ms.
@@ -268,7 +268,7 @@ fn reset_brings_a_distant_run_forward() {
     let runs = Record::new();
     let record = runs.clone();
     let handle = timer
-        .schedule_repeating(Duration::from_secs(3600), MissedTicks::Burst, move || {
+        .schedule_repeating(Duration::from_secs(3600), MissedTickBehavior::Burst, move || {
             record.stamp()
         })
         .unwrap();
@@ -292,7 +292,7 @@ fn a_reset_during_a_run_moves_the_run_after_it() {
     let record = runs.clone();
     let (started, is_started) = mpsc::channel();
     let handle = timer
-        .schedule_repeating(ms(10), MissedTicks::Burst, move || {
+        .schedule_repeating(ms(10), MissedTickBehavior::Burst, move || {
             record.stamp();
             if record.len() == 1 {
                 let _ = started.send(());

@@ -7,7 +7,7 @@
 #[path = "async_support.rs"]
 mod support;
 
-use shardwheel::{MissedTicks, ScheduleError, Timer};
+use shardwheel::{MissedTickBehavior, ScheduleError, Timer};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{Record, millis_since, wait_until};
@@ -35,7 +35,7 @@ fn fixed_rate_runs_start_one_period_after_the_call_and_do_not_drift() {
     // Burst keeps run k on grid point k even on a loaded machine (late runs catch up), so
     // run k's lateness is exactly `run k - (start + k * period)`.
     let handle = timer
-        .schedule_repeating(period, MissedTicks::Burst, move || {
+        .schedule_repeating(period, MissedTickBehavior::Burst, move || {
             record.stamp();
             // Each run takes a while: a fixed-delay timer would drift by 8 ms per run,
             // 160 ms by run 20.
@@ -73,7 +73,7 @@ fn the_first_run_of_schedule_repeating_after_follows_the_initial_delay() {
     let record = runs.clone();
     let start = Instant::now();
     let handle = timer
-        .schedule_repeating_after(initial, period, MissedTicks::Burst, move || record.stamp())
+        .schedule_repeating_after(initial, period, MissedTickBehavior::Burst, move || record.stamp())
         .unwrap();
     assert!(wait_until(Duration::from_secs(5), || runs.len() >= 6));
     handle.cancel();
@@ -98,7 +98,7 @@ const PERIOD: Duration = Duration::from_millis(200);
 /// Starts of the runs of a fixed-rate timer with period 200 ms whose first run (due at 200 ms)
 /// takes 500 ms, so the grid points at 400 and 600 ms pass while it runs; and when that first
 /// run ended.
-fn slow_first_run(missed: MissedTicks) -> (Instant, Vec<Instant>, Instant) {
+fn slow_first_run(missed: MissedTickBehavior) -> (Instant, Vec<Instant>, Instant) {
     let timer = timer();
     let runs = Record::new();
     let first_end = Arc::new(Mutex::new(None));
@@ -121,7 +121,7 @@ fn slow_first_run(missed: MissedTicks) -> (Instant, Vec<Instant>, Instant) {
 
 #[test]
 fn burst_runs_the_missed_points_back_to_back() {
-    let (start, runs, first_end) = slow_first_run(MissedTicks::Burst);
+    let (start, runs, first_end) = slow_first_run(MissedTickBehavior::Burst);
     let shown = millis_since(start, &runs);
     // Every run k is on the original grid and never early ...
     for (k, run) in runs.iter().enumerate() {
@@ -146,7 +146,7 @@ fn burst_runs_the_missed_points_back_to_back() {
 
 #[test]
 fn skip_drops_the_missed_points_and_returns_to_the_grid() {
-    let (start, runs, first_end) = slow_first_run(MissedTicks::Skip);
+    let (start, runs, first_end) = slow_first_run(MissedTickBehavior::Skip);
     let shown = millis_since(start, &runs);
     // The first grid point after the slow run ended (800 ms, unless the machine made the
     // slow run end later still).
@@ -167,7 +167,7 @@ fn skip_drops_the_missed_points_and_returns_to_the_grid() {
 
 #[test]
 fn delay_restarts_the_grid_from_the_late_run() {
-    let (start, runs, first_end) = slow_first_run(MissedTicks::Delay);
+    let (start, runs, first_end) = slow_first_run(MissedTickBehavior::Delay);
     let shown = millis_since(start, &runs);
     // The second run (due at 400 ms) starts late, right after the slow run ...
     assert!(
@@ -224,13 +224,13 @@ fn a_zero_period_is_rejected() {
     let never = || panic!("a rejected timer ran");
     assert_eq!(
         timer
-            .schedule_repeating(Duration::ZERO, MissedTicks::Burst, never)
+            .schedule_repeating(Duration::ZERO, MissedTickBehavior::Burst, never)
             .unwrap_err(),
         ScheduleError::ZeroPeriod
     );
     assert_eq!(
         timer
-            .schedule_repeating_after(ms(1), Duration::ZERO, MissedTicks::Skip, never)
+            .schedule_repeating_after(ms(1), Duration::ZERO, MissedTickBehavior::Skip, never)
             .unwrap_err(),
         ScheduleError::ZeroPeriod
     );
@@ -242,7 +242,7 @@ fn a_zero_period_is_rejected() {
     );
     assert_eq!(
         timer
-            .interval(Duration::ZERO, MissedTicks::Delay)
+            .try_interval_at(Instant::now(), Duration::ZERO)
             .unwrap_err(),
         ScheduleError::ZeroPeriod
     );
@@ -254,7 +254,7 @@ fn a_zero_period_is_rejected() {
     let runs = Record::new();
     let record = runs.clone();
     let handle = timer
-        .schedule_repeating_after(Duration::ZERO, ms(1000), MissedTicks::Skip, move || {
+        .schedule_repeating_after(Duration::ZERO, ms(1000), MissedTickBehavior::Skip, move || {
             record.stamp()
         })
         .unwrap();

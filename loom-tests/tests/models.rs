@@ -320,13 +320,13 @@ fn sleep_wakes_the_latest_waker() {
                 while second.woken.load(Ordering::SeqCst) == 0 {
                     second.notify.wait();
                 }
-                assert_eq!(poll(&second_waker), Poll::Ready(Ok(())));
+                assert_eq!(poll(&second_waker), Poll::Ready(()));
             }
         }
         firer.join().unwrap();
         // Extra (spurious) wake-ups are allowed; a lost one would have deadlocked above.
         let _ = first.woken.load(Ordering::SeqCst);
-        assert_eq!(poll(&second_waker), Poll::Ready(Ok(())));
+        assert_eq!(poll(&second_waker), Poll::Ready(()));
     });
 }
 

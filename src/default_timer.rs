@@ -1,0 +1,143 @@
+//! The process-wide default timer and the free functions on it: [`sleep`], [`sleep_until`],
+//! [`timeout`], [`timeout_at`], [`interval`] and [`interval_at`], named and behaving as
+//! `tokio::time`'s, so that moving a tokio server to shardwheel is a change of imports.
+//!
+//! The default timer is built with [`Timer::new`]'s defaults at the first call of any of them
+//! (or of [`default_timer`]), unless [`set_default_timer`] built it before from a [`Builder`].
+//! It lives as long as the process and is never shut down.
+
+use crate::error::{BuildError, DefaultTimerError};
+use crate::futures::{Interval, Sleep, Timeout};
+use crate::sync::process::{Mutex, OnceLock};
+use crate::timer::{Builder, Timer};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+static DEFAULT: OnceLock<Timer> = OnceLock::new();
+
+/// Held while the default timer is being built, so that it is built once.
+static BUILDING: Mutex<()> = Mutex::new(());
+
+/// Builds the default timer with `build` unless it exists; returns it and whether this call
+/// built it.
+fn get_or_build(
+    build: impl FnOnce() -> Result<Timer, BuildError>,
+) -> Result<(&'static Timer, bool), BuildError> {
+    if let Some(timer) = DEFAULT.get() {
+        return Ok((timer, false));
+    }
+    let _building = BUILDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(timer) = DEFAULT.get() {
+        return Ok((timer, false));
+    }
+    let timer = build()?;
+    Ok((DEFAULT.get_or_init(|| timer), true))
+}
+
+/// The process-wide default timer, built with the defaults ([`Timer::new`]) at the first call
+/// unless [`set_default_timer`] built it before. A failed build is returned, and the next call
+/// tries again.
+///
+/// ```
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let timer = shardwheel::default_timer()?;
+/// assert!(!timer.is_shut_down());
+/// # Ok(())
+/// # }
+/// ```
+pub fn default_timer() -> Result<&'static Timer, BuildError> {
+    get_or_build(Timer::new).map(|(timer, _)| timer)
+}
+
+/// Builds the process-wide default timer from `builder`. Must come before its first use (any
+/// of the free functions, [`default_timer`], `HyperTimer::default()`): afterwards it returns
+/// [`DefaultTimerError::AlreadyBuilt`] and changes nothing.
+///
+/// ```
+/// use shardwheel::{DefaultTimerError, Timer};
+/// use std::time::Duration;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let timer = shardwheel::set_default_timer(Timer::builder().shards(2))?;
+/// assert!(matches!(
+///     shardwheel::set_default_timer(Timer::builder()),
+///     Err(DefaultTimerError::AlreadyBuilt)
+/// ));
+/// futures::executor::block_on(shardwheel::sleep(Duration::from_millis(1)));
+/// assert_eq!(timer.stats().shards.len(), 2);
+/// # Ok(())
+/// # }
+/// ```
+pub fn set_default_timer(builder: Builder) -> Result<&'static Timer, DefaultTimerError> {
+    match get_or_build(|| builder.build()) {
+        Ok((timer, true)) => Ok(timer),
+        Ok((_, false)) => Err(DefaultTimerError::AlreadyBuilt),
+        Err(error) => Err(DefaultTimerError::Build(error)),
+    }
+}
+
+/// The default timer for the free functions; panics (with the reason) if it cannot be built.
+#[track_caller]
+fn default() -> &'static Timer {
+    match default_timer() {
+        Ok(timer) => timer,
+        Err(error) => panic!("shardwheel: could not build the default timer: {error}"),
+    }
+}
+
+/// [`Timer::sleep`] on the default timer (`tokio::time::sleep`).
+///
+/// # Panics
+///
+/// If the default timer cannot be built (see [`default_timer`]), and when polled if the
+/// default timer is full (see [`Sleep`]).
+///
+/// ```
+/// futures::executor::block_on(shardwheel::sleep(std::time::Duration::from_millis(5)));
+/// ```
+#[track_caller]
+pub fn sleep(delay: Duration) -> Sleep {
+    default().sleep(delay)
+}
+
+/// [`Timer::sleep_until`] on the default timer (`tokio::time::sleep_until`). Panics as
+/// [`sleep`] does.
+#[track_caller]
+pub fn sleep_until(deadline: Instant) -> Sleep {
+    default().sleep_until(deadline)
+}
+
+/// [`Timer::timeout`] on the default timer (`tokio::time::timeout`). Panics as [`sleep`] does.
+///
+/// ```
+/// use std::time::Duration;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let answer = futures::executor::block_on(shardwheel::timeout(Duration::from_secs(1), async { 42 }))?;
+/// assert_eq!(answer, 42);
+/// # Ok(())
+/// # }
+/// ```
+#[track_caller]
+pub fn timeout<F: Future>(delay: Duration, future: F) -> Timeout<F> {
+    default().timeout(delay, future)
+}
+
+/// [`Timer::timeout_at`] on the default timer (`tokio::time::timeout_at`). Panics as [`sleep`]
+/// does.
+#[track_caller]
+pub fn timeout_at<F: Future>(deadline: Instant, future: F) -> Timeout<F> {
+    default().timeout_at(deadline, future)
+}
+
+/// [`Timer::interval`] on the default timer (`tokio::time::interval`): the first tick at once.
+/// Panics as [`sleep`] does, and if `period` is zero.
+#[track_caller]
+pub fn interval(period: Duration) -> Interval {
+    default().interval(period)
+}
+
+/// [`Timer::interval_at`] on the default timer (`tokio::time::interval_at`). Panics as
+/// [`interval`] does.
+#[track_caller]
+pub fn interval_at(start: Instant, period: Duration) -> Interval {
+    default().interval_at(start, period)
+}

@@ -1,0 +1,78 @@
+//! [`HyperTimer`]: hyper 1.x's timer (`hyper::rt::Timer`) on a shardwheel [`Timer`] (feature
+//! `hyper`).
+
+use crate::futures::Sleep;
+use crate::timer::Timer;
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+/// Runs hyper's timeouts on shardwheel: give it to hyper's connection builders, e.g.
+/// `hyper::server::conn::http1::Builder::timer(HyperTimer::default())`, which
+/// `header_read_timeout` needs.
+///
+/// Its sleeps are [`Sleep`]s (lazy, and panicking if the engine is shut down or full: see
+/// [`Sleep`]); [`reset`](hyper::rt::Timer::reset) moves a sleep's timer in place.
+///
+/// ```
+/// use shardwheel::{HyperTimer, Timer};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let mut builder = hyper::server::conn::http1::Builder::new();
+/// builder
+///     .timer(HyperTimer::new(Timer::new()?))
+///     .header_read_timeout(std::time::Duration::from_secs(5));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub struct HyperTimer {
+    timer: Timer,
+}
+
+impl HyperTimer {
+    /// Hyper's timeouts on `timer`.
+    pub fn new(timer: Timer) -> HyperTimer {
+        HyperTimer { timer }
+    }
+
+    /// The timer it schedules on.
+    pub fn timer(&self) -> &Timer {
+        &self.timer
+    }
+}
+
+impl Default for HyperTimer {
+    /// Hyper's timeouts on the process-wide [`default_timer`](crate::default_timer).
+    ///
+    /// # Panics
+    ///
+    /// If the default timer cannot be built.
+    fn default() -> HyperTimer {
+        match crate::default_timer() {
+            Ok(timer) => HyperTimer::new(timer.clone()),
+            Err(error) => panic!("shardwheel: could not build the default timer: {error}"),
+        }
+    }
+}
+
+impl hyper::rt::Sleep for Sleep {}
+
+impl hyper::rt::Timer for HyperTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(self.timer.sleep(duration))
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(self.timer.sleep_until(deadline))
+    }
+
+    fn now(&self) -> Instant {
+        self.timer.clock().now()
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
+        match sleep.as_mut().downcast_mut_pin::<Sleep>() {
+            Some(ours) => ours.reset(new_deadline),
+            None => *sleep = self.sleep_until(new_deadline),
+        }
+    }
+}
