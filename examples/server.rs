@@ -312,6 +312,10 @@ fn run_on<B: Backend>(
         runtime.enable_time();
     }
     let runtime = runtime.build()?;
+    // One builder (and one timer) for all connections.
+    let mut builder = http1::Builder::new();
+    B::configure(&mut builder);
+    let builder = Arc::new(builder);
     // The stop signal comes from a plain thread, so no backend needs tokio's timer for it.
     let (stop_sender, mut stop) = tokio::sync::oneshot::channel::<()>();
     let seconds = config.seconds;
@@ -334,7 +338,7 @@ fn run_on<B: Backend>(
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-                        tokio::spawn(serve_connection::<B>(stream));
+                        tokio::spawn(serve_connection::<B>(builder.clone(), stream));
                     }
                     Err(error) => eprintln!("server: accept: {error}"),
                 },
@@ -366,7 +370,7 @@ fn total_requests() -> u64 {
 
 /// Serves one connection until the client closes it, it fails, or it has been idle for
 /// [`IDLE_TIMEOUT`].
-async fn serve_connection<B: Backend>(stream: TcpStream) {
+async fn serve_connection<B: Backend>(builder: Arc<http1::Builder>, stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     // Requests started on this connection: the service counts, the loop below resets the idle
     // timeout when the count moves. Both run in this task (hyper polls the service inline).
@@ -389,8 +393,6 @@ async fn serve_connection<B: Backend>(stream: TcpStream) {
             }
         })
     };
-    let mut builder = http1::Builder::new();
-    B::configure(&mut builder);
     let mut connection = pin!(builder.serve_connection(TokioIo::new(stream), service));
     let mut idle = pin!(B::sleep(IDLE_TIMEOUT));
     let mut seen = 0;
