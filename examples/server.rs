@@ -147,11 +147,8 @@ impl Backend for NoTimer {
 
     fn reset(_: Pin<&mut Self::Sleep>, _: Duration) {}
 
-    fn timeout<F: Future + Send>(
-        _: Duration,
-        future: F,
-    ) -> impl Future<Output = Result<F::Output, TimedOut>> + Send {
-        async move { Ok(future.await) }
+    async fn timeout<F: Future + Send>(_: Duration, future: F) -> Result<F::Output, TimedOut> {
+        Ok(future.await)
     }
 
     fn configure(builder: &mut http1::Builder) {
