@@ -73,7 +73,11 @@ run_one() {
   local TIMEFORMAT='%U %S'
   { time timeout -k 5 $((S + 30)) "${pin_wrk[@]}" wrk -t"$threads" -c"$C" -d"${S}s" --timeout 5s \
       "http://127.0.0.1:$PORT/" >"$work/wrk.out"; } 2>"$work/wrk.time"
-  wait "$pid"
+  if ! wait "$pid"; then
+    echo "server ($timer) failed:" >&2
+    cat "$work/server.err" >&2
+    return 1
+  fi
   local rps errors wrk_cpu requests cpu_us
   rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/wrk.out")
   errors=$(grep -E 'Socket errors|Non-2xx' "$work/wrk.out" || true)
