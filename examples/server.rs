@@ -7,7 +7,8 @@
 //!
 //! Flags: `--timer shardwheel|tokio|none` (default shardwheel), `--addr 127.0.0.1:PORT` (default
 //! 127.0.0.1:8080), `--workers N` (tokio worker threads; default: available parallelism),
-//! `--seconds S` (the server stops by itself after S seconds; default 10). At exit it prints one
+//! `--seconds S` (the server stops by itself after S seconds; default 10), `--idle-seconds S`
+//! (the connection idle timeout; default 60). At exit it prints one
 //! JSON line: requests served, its own CPU time (user + system, `getrusage`) and CPU per request.
 //!
 //! Every backend runs the same code ([`serve_connection`] is generic over [`Backend`]), with
@@ -44,7 +45,7 @@ use tokio::net::TcpStream;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// The limit on answering one request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// A connection with no request for this long is closed.
+/// A connection with no request for this long is closed (`--idle-seconds`).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The timer a server runs on: the only code that differs between the backends.
@@ -163,6 +164,7 @@ pub(crate) struct Config {
     pub(crate) addr: SocketAddr,
     pub(crate) workers: usize,
     pub(crate) seconds: f64,
+    pub(crate) idle_timeout: Duration,
 }
 
 impl Config {
@@ -174,6 +176,7 @@ impl Config {
             addr: "127.0.0.1:8080".parse()?,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             seconds: 10.0,
+            idle_timeout: IDLE_TIMEOUT,
         };
         while let Some(flag) = args.next() {
             let mut value = || args.next().ok_or(format!("{flag} needs a value"));
@@ -182,10 +185,13 @@ impl Config {
                 "--addr" => config.addr = value()?.parse()?,
                 "--workers" => config.workers = value()?.parse()?,
                 "--seconds" => config.seconds = value()?.parse()?,
+                "--idle-seconds" => {
+                    config.idle_timeout = Duration::try_from_secs_f64(value()?.parse()?)?
+                }
                 "-h" | "--help" => {
                     return Err(
                         "usage: server [--timer shardwheel|tokio|none] [--addr IP:PORT] \
-                                [--workers N] [--seconds S]"
+                                [--workers N] [--seconds S] [--idle-seconds S]"
                             .into(),
                     );
                 }
@@ -313,6 +319,7 @@ fn run_on<B: Backend>(
     let mut builder = http1::Builder::new();
     B::configure(&mut builder);
     let builder = Arc::new(builder);
+    let idle_timeout = config.idle_timeout;
     // The stop signal comes from a plain thread, so no backend needs tokio's timer for it.
     let (stop_sender, mut stop) = tokio::sync::oneshot::channel::<()>();
     let seconds = config.seconds;
@@ -335,7 +342,7 @@ fn run_on<B: Backend>(
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         CONNECTIONS.fetch_add(1, Ordering::Relaxed);
-                        tokio::spawn(serve_connection::<B>(builder.clone(), stream));
+                        tokio::spawn(serve_connection::<B>(builder.clone(), stream, idle_timeout));
                     }
                     Err(error) => eprintln!("server: accept: {error}"),
                 },
@@ -366,8 +373,12 @@ fn total_requests() -> u64 {
 }
 
 /// Serves one connection until the client closes it, it fails, or it has been idle for
-/// [`IDLE_TIMEOUT`].
-async fn serve_connection<B: Backend>(builder: Arc<http1::Builder>, stream: TcpStream) {
+/// `idle_timeout`.
+async fn serve_connection<B: Backend>(
+    builder: Arc<http1::Builder>,
+    stream: TcpStream,
+    idle_timeout: Duration,
+) {
     let _ = stream.set_nodelay(true);
     // Requests started on this connection: the service counts, the loop below resets the idle
     // timeout when the count moves. Both run in this task (hyper polls the service inline).
@@ -391,7 +402,7 @@ async fn serve_connection<B: Backend>(builder: Arc<http1::Builder>, stream: TcpS
         })
     };
     let mut connection = pin!(builder.serve_connection(TokioIo::new(stream), service));
-    let mut idle = pin!(B::sleep(IDLE_TIMEOUT));
+    let mut idle = pin!(B::sleep(idle_timeout));
     let mut seen = 0;
     let idle_fired = poll_fn(|cx| {
         let done = connection.as_mut().poll(cx).is_ready();
@@ -399,7 +410,7 @@ async fn serve_connection<B: Backend>(builder: Arc<http1::Builder>, stream: TcpS
         if now != seen {
             count_requests(now - seen);
             seen = now;
-            B::reset(idle.as_mut(), IDLE_TIMEOUT);
+            B::reset(idle.as_mut(), idle_timeout);
         }
         if done {
             Poll::Ready(false)
