@@ -1,12 +1,14 @@
 //! The cost of a `Sleep`: create + first poll (pending) + drop, for shardwheel's
 //! `timer.sleep(10 s)` beside tokio's `tokio::time::sleep(10 s)`, each with one thread of
-//! timer machinery (one shard; a current-thread tokio runtime).
+//! timer machinery (one shard; a current-thread tokio runtime); and of a `timeout(10 s, f)`
+//! whose `f` is ready at the first poll (create + poll + drop: shardwheel schedules no timer
+//! for it, tokio neither).
 //!
 //! Also prints the sizes of both futures and the bytes allocated per sleep (all threads, after
-//! a warm-up): shardwheel's `Sleep` owns an `Arc`'d waker cell (40 bytes) and a 48-byte slot in
-//! the engine's preallocated tables, and its schedule and cancel messages take a share of the
-//! inbox's queue blocks (transient: freed once the shard has read them); tokio's `Sleep` holds
-//! its timer entry inline and allocates nothing.
+//! a warm-up): shardwheel's `Sleep`, once polled, has a 48-byte slot in the engine's
+//! preallocated tables (its task holds the waker inline), and its schedule and cancel messages
+//! take a share of the inbox's queue blocks (transient: freed once the shard has read them);
+//! tokio's `Sleep` holds its timer entry inline and allocates nothing.
 //!
 //! Run with `cargo bench --bench sleep` (or `-- --test` for a quick check).
 
@@ -16,7 +18,7 @@
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::future::Future;
+use std::future::{Future, ready};
 use std::hint::black_box;
 use std::pin::{Pin, pin};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,6 +73,18 @@ fn tokio_once(cx: &mut Context<'_>) {
     black_box(&mut sleep);
 }
 
+fn shardwheel_timeout_ready(timer: &shardwheel::Timer, cx: &mut Context<'_>) {
+    let mut timeout = pin!(timer.timeout(DELAY, ready(black_box(1u32))));
+    assert!(timeout.as_mut().poll(cx).is_ready());
+    black_box(&mut timeout);
+}
+
+fn tokio_timeout_ready(cx: &mut Context<'_>) {
+    let mut timeout = pin!(tokio::time::timeout(DELAY, ready(black_box(1u32))));
+    assert!(timeout.as_mut().poll(cx).is_ready());
+    black_box(&mut timeout);
+}
+
 /// Heap use per call of `run`, averaged over many calls after a warm-up: (allocations, bytes)
 /// on the calling thread, and bytes on all threads (the shard thread included).
 fn heap_per_call(mut run: impl FnMut()) -> (f64, f64, f64) {
@@ -107,9 +121,9 @@ fn sleep_cost(c: &mut Criterion) {
     eprintln!(
         "size_of::<shardwheel::Sleep>() = {} bytes; heap per sleep on the calling thread: \
          {ours_allocs:.2} allocations, {ours_bytes:.1} bytes ({ours_all:.1} on all threads): \
-         the Arc'd waker cell (40 bytes, lives as long as the Sleep) plus the inbox's queue \
-         blocks for the schedule and cancel messages (transient); the timer's 48-byte engine \
-         slot sits in preallocated, reused tables",
+         the inbox's queue blocks for the schedule and cancel messages (transient); the \
+         timer's 48-byte engine slot (its task holding the waker inline) sits in \
+         preallocated, reused tables",
         std::mem::size_of::<shardwheel::Sleep>()
     );
     eprintln!(
@@ -130,7 +144,25 @@ fn sleep_cost(c: &mut Criterion) {
     group.bench_function(BenchmarkId::new("tokio", "1 thread"), |b| {
         b.iter(|| tokio_once(&mut cx));
     });
+    group.bench_function(
+        BenchmarkId::new("shardwheel", "timeout ready at first poll"),
+        |b| {
+            b.iter(|| shardwheel_timeout_ready(&timer, &mut cx));
+        },
+    );
+    group.bench_function(
+        BenchmarkId::new("tokio", "timeout ready at first poll"),
+        |b| {
+            b.iter(|| tokio_timeout_ready(&mut cx));
+        },
+    );
     group.finish();
+    // Ready-at-first-poll timeouts touched the engine not once.
+    let before = timer.stats().scheduled;
+    for _ in 0..1000 {
+        shardwheel_timeout_ready(&timer, &mut cx);
+    }
+    assert_eq!(timer.stats().scheduled, before);
     // Every shardwheel sleep was cancelled on drop.
     assert_eq!(timer.pending(), 0);
 }

@@ -90,6 +90,21 @@ impl Clock {
         }
     }
 
+    /// [`now`](Self::now), ordered after the calling thread's earlier read-modify-writes: a
+    /// manual clock's time is read with one. So a thread that handed a timer to a shard (an
+    /// atomic read-modify-write on the inbox) and then reads the time either sees an
+    /// [`advance`](Self::advance) that moved it, or that advance's drive (after its own
+    /// read-modify-write of the time) sees the timer: never neither. The system clock's `now`.
+    pub(crate) fn now_ordered(&self) -> Instant {
+        match &self.manual {
+            None => Instant::now(),
+            Some(manual) => {
+                manual.origin
+                    + Duration::from_nanos(manual.offset_nanos.fetch_add(0, Ordering::AcqRel))
+            }
+        }
+    }
+
     /// Moves a manual clock forward by `by` and returns once every timer due by the new time,
     /// on every timer engine built on this clock, has been handed to run (tasks that run
     /// inline have run). Does nothing to the system clock.

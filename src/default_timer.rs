@@ -26,7 +26,9 @@ fn get_or_build(
     if let Some(timer) = DEFAULT.get() {
         return Ok((timer, false));
     }
-    let _building = BUILDING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _building = BUILDING
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     if let Some(timer) = DEFAULT.get() {
         return Ok((timer, false));
     }

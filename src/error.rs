@@ -63,9 +63,14 @@ impl fmt::Display for DefaultTimerError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DefaultTimerError::AlreadyBuilt => {
-                write!(f, "the default timer is already built: configure it before its first use")
+                write!(
+                    f,
+                    "the default timer is already built: configure it before its first use"
+                )
             }
-            DefaultTimerError::Build(error) => write!(f, "could not build the default timer: {error}"),
+            DefaultTimerError::Build(error) => {
+                write!(f, "could not build the default timer: {error}")
+            }
         }
     }
 }

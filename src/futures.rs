@@ -7,17 +7,15 @@
 //! and they cost nothing when unused.
 //!
 //! A `Sleep` is a timer whose task only wakes a `Waker`: it runs inline on the shard thread, not
-//! through the executor. Registration is lazy: the timer is scheduled at the first poll that
-//! does not find the deadline passed, never before. Polling registers the waker, then checks
-//! the timer's state (register-then-recheck), so a deadline that passes between the two is
-//! never missed; see the `sleep_wakes_the_latest_waker` model in `loom-tests/`.
+//! through the executor. [`Sleep`]'s documentation says how it keeps the latest poll's waker
+//! and never loses a wake-up; see the `sleep_*` models in `loom-tests/`.
 
 use crate::TimerState;
 use crate::engine::Engine;
 use crate::engine::handle::TimerHandle;
 use crate::error::ScheduleError;
 use crate::periodic::MissedTickBehavior;
-use crate::sync::{Arc, AtomicUsize, Ordering, UnsafeCell};
+use crate::sync::Arc;
 use crate::task::Task;
 use std::fmt;
 use std::future::Future;
@@ -25,94 +23,16 @@ use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-const WAITING: usize = 0;
-const REGISTERING: usize = 0b01;
-const WAKING: usize = 0b10;
-
-/// A waker slot that one task registers into and another thread wakes, without a lock:
-///
-/// | state          | who may touch the waker cell                         |
-/// |----------------|------------------------------------------------------|
-/// | WAITING        | nobody; `register` or `wake` may claim it            |
-/// | REGISTERING    | the registering poll                                 |
-/// | WAKING         | the waking thread                                    |
-/// | REGISTERING \| WAKING | the registering poll, which then wakes the waker |
-pub(crate) struct AtomicWaker {
-    state: AtomicUsize,
-    waker: UnsafeCell<Option<Waker>>,
+/// The task of a [`Sleep`]'s timer: wakes the waker of the poll that scheduled it. A `Waker` is
+/// 16 bytes, so the task stores it inline: no allocation.
+fn wake_task(waker: Waker) -> Task {
+    Task::new_inline(move || waker.wake())
 }
 
-// SAFETY: the waker cell is only accessed by the one thread that claimed it through `state`
-// (see the table above), and `Waker` is itself `Send + Sync`.
-unsafe impl Sync for AtomicWaker {}
-
-impl AtomicWaker {
-    pub(crate) fn new() -> AtomicWaker {
-        AtomicWaker {
-            state: AtomicUsize::new(WAITING),
-            waker: UnsafeCell::new(None),
-        }
-    }
-
-    /// Registers `waker` to be woken by the next [`wake`](Self::wake). Only one thread may
-    /// register at a time (it is called from `poll`, which takes `&mut self`).
-    pub(crate) fn register(&self, waker: &Waker) {
-        match self.state.compare_exchange(
-            WAITING,
-            REGISTERING,
-            Ordering::Acquire,
-            Ordering::Acquire,
-        ) {
-            Ok(_) => {
-                // SAFETY: REGISTERING gives this thread the cell: `wake` claims it only from WAITING.
-                self.waker.with_mut(|cell| unsafe {
-                    match &*cell {
-                        Some(current) if current.will_wake(waker) => {}
-                        _ => *cell = Some(waker.clone()),
-                    }
-                });
-                if let Err(actual) = self.state.compare_exchange(
-                    REGISTERING,
-                    WAITING,
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                ) {
-                    // A wake came while we registered: it left the waking to us.
-                    debug_assert_eq!(actual, REGISTERING | WAKING, "concurrent register");
-                    // SAFETY: still ours: the waker saw REGISTERING and did not touch the cell.
-                    let woken = self.waker.with_mut(|cell| unsafe { (*cell).take() });
-                    self.state.swap(WAITING, Ordering::AcqRel);
-                    if let Some(woken) = woken {
-                        woken.wake();
-                    }
-                }
-            }
-            // A wake is in progress and may have taken the old waker: wake this one now.
-            Err(WAKING) => waker.wake_by_ref(),
-            Err(state) => debug_assert!(state & REGISTERING != 0, "unexpected waker state {state}"),
-        }
-    }
-
-    /// Wakes the registered waker, if any.
-    pub(crate) fn wake(&self) {
-        if self.state.fetch_or(WAKING, Ordering::AcqRel) == WAITING {
-            // SAFETY: moving from WAITING to WAKING gave this thread the cell.
-            let woken = self.waker.with_mut(|cell| unsafe { (*cell).take() });
-            self.state.fetch_and(!WAKING, Ordering::Release);
-            if let Some(woken) = woken {
-                woken.wake();
-            }
-        }
-    }
-}
-
-/// What a [`Sleep`]'s timer task wakes.
-struct SleepWaker {
-    waker: AtomicWaker,
-}
-
-fn wake_task(shared: Arc<SleepWaker>) -> Task {
-    Task::new_inline(move || shared.waker.wake())
+/// A [`Sleep`]'s timer and (a clone of) the waker its task wakes.
+struct Armed {
+    timer: TimerHandle,
+    waker: Waker,
 }
 
 /// A future that completes at a deadline: see [`Timer::sleep`](crate::Timer::sleep) and
@@ -121,15 +41,21 @@ fn wake_task(shared: Arc<SleepWaker>) -> Task {
 /// # How it works
 ///
 /// A `Sleep` is a deadline and a reference to its engine until its first poll that finds the
-/// deadline not yet passed: only then does it schedule a timer (whose task wakes the latest
-/// poll's waker, inline on the shard thread). So a `Sleep` that is never polled, or is polled
-/// only after its deadline, costs the engine nothing, and dropping it does nothing.
+/// deadline not yet passed: only then does it schedule a timer, whose task wakes that poll's
+/// waker, inline on the shard thread. So a `Sleep` that is never polled, or is polled only
+/// after its deadline, costs the engine nothing, and dropping it does nothing.
 ///
 /// | state | poll | `reset(when)` | drop |
 /// |-------|------|---------------|------|
-/// | unarmed | deadline passed: elapsed; else schedules a timer: armed | new deadline | nothing |
-/// | armed | timer fired or deadline passed: elapsed (the timer let go); else pending | moves the timer in place; if it already fired: unarmed | cancels the timer |
+/// | unarmed | deadline passed: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
+/// | armed | timer fired or deadline passed: elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | moves the timer in place; if it already fired: unarmed | cancels the timer |
 /// | elapsed | ready | unarmed, with the new deadline | nothing |
+///
+/// No wake-up is lost: a poll that returns pending either scheduled the timer for its own
+/// waker, or found the timer pending (its state read after the cancel-or-keep decision) with a
+/// waker that wakes the same task. A timer that fires while a poll replaces it makes that
+/// poll's `cancel` fail, and the poll completes instead. On a manual clock, a poll that
+/// schedules looks at the time again afterwards, since the shard turns only in `advance`.
 ///
 /// It completes once the deadline has passed, never before (deadlines round up to the engine's
 /// tick, 1 ms by default, where tokio's also round up to 1 ms).
@@ -148,10 +74,7 @@ fn wake_task(shared: Arc<SleepWaker>) -> Task {
 pub struct Sleep {
     engine: Arc<Engine>,
     deadline: Instant,
-    /// The timer, while armed.
-    timer: Option<TimerHandle>,
-    /// The waker cell its timers wake: made at the first registration, reused by later ones.
-    shared: Option<Arc<SleepWaker>>,
+    armed: Option<Armed>,
     elapsed: bool,
 }
 
@@ -159,7 +82,7 @@ impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sleep")
             .field("deadline", &self.deadline)
-            .field("armed", &self.timer.is_some())
+            .field("armed", &self.armed.is_some())
             .field("elapsed", &self.elapsed)
             .finish()
     }
@@ -171,26 +94,19 @@ impl Sleep {
         Sleep {
             engine: engine.clone(),
             deadline,
-            timer: None,
-            shared: None,
+            armed: None,
             elapsed: false,
         }
     }
 
-    /// A sleep until `deadline` whose timer is scheduled now (unless the deadline has passed).
+    /// A sleep until `deadline` whose timer is scheduled now (unless the deadline has passed),
+    /// with no waker yet: its first pending poll replaces the timer with one for its waker.
     pub(crate) fn armed(engine: &Arc<Engine>, deadline: Instant) -> Result<Sleep, ScheduleError> {
         let mut sleep = Sleep::new(engine, deadline);
-        if engine.clock.clock().now() >= deadline {
-            sleep.elapsed = true;
-        } else {
-            let shared = Arc::new(SleepWaker {
-                waker: AtomicWaker::new(),
-            });
-            let tick = engine.clock.tick_at(deadline);
-            sleep.timer = Some(engine.submit(tick, wake_task(shared.clone()))?);
-            sleep.shared = Some(shared);
+        match sleep.arm(Waker::noop()) {
+            Poll::Ready(Err(error)) => Err(error),
+            Poll::Ready(Ok(())) | Poll::Pending => Ok(sleep),
         }
-        Ok(sleep)
     }
 
     /// The instant this sleep completes at.
@@ -202,24 +118,51 @@ impl Sleep {
     pub fn is_elapsed(&self) -> bool {
         self.elapsed
             || self
-                .timer
+                .armed
                 .as_ref()
-                .is_some_and(|timer| timer.state() == TimerState::Expired)
+                .is_some_and(|armed| armed.timer.state() == TimerState::Expired)
     }
 
     /// Moves the deadline (earlier or later), also after completion, in tokio's form:
     /// `sleep.as_mut().reset(when)` on a pinned sleep (or `Pin::new(&mut sleep)`, a `Sleep`
     /// being `Unpin`). An armed sleep's timer is moved in place; otherwise the next poll
-    /// schedules one. The waker cell is reused: no allocation.
+    /// schedules one.
     pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
         let this = self.get_mut();
         this.deadline = deadline;
         this.elapsed = false;
-        if let Some(timer) = &this.timer
-            && !timer.reset_at(deadline)
+        if let Some(armed) = &this.armed
+            && !armed.timer.reset_at(deadline)
         {
             // It fired (or shutdown cancelled it): the next poll schedules anew.
-            this.timer = None;
+            this.armed = None;
+        }
+    }
+
+    /// Schedules a timer waking `waker` (the deadline is ahead, or was at the caller's look).
+    fn arm(&mut self, waker: &Waker) -> Poll<Result<(), ScheduleError>> {
+        let engine = &self.engine;
+        let clock = engine.clock.clock();
+        let tick = engine.clock.tick_at(self.deadline);
+        match engine.submit(tick, wake_task(waker.clone())) {
+            // A manual clock's shard turns only in `advance`: one that passed the deadline and
+            // drove the shard before the timer reached it would leave the timer to the next
+            // advance. Look at the time again (`now_ordered`: either it shows that advance, or
+            // that advance's drive saw the timer). The `sleep_first_poll_*` loom model
+            // deadlocks without this. The system clock's shard turns by itself.
+            Ok(timer) if clock.is_manual() && clock.now_ordered() >= self.deadline => {
+                timer.cancel();
+                self.elapsed = true;
+                Poll::Ready(Ok(()))
+            }
+            Ok(timer) => {
+                self.armed = Some(Armed {
+                    timer,
+                    waker: waker.clone(),
+                });
+                Poll::Pending
+            }
+            Err(error) => Poll::Ready(Err(error)),
         }
     }
 
@@ -235,47 +178,41 @@ impl Sleep {
             return Poll::Ready(Ok(()));
         }
         let clock = this.engine.clock.clock();
-        let Some(timer) = &this.timer else {
+        let Some(armed) = &this.armed else {
             // Lazy registration: the first poll that finds the deadline ahead schedules.
             if clock.now() >= this.deadline {
                 this.elapsed = true;
                 return Poll::Ready(Ok(()));
             }
-            let shared = this.shared.get_or_insert_with(|| {
-                Arc::new(SleepWaker {
-                    waker: AtomicWaker::new(),
-                })
-            });
-            // Registered before the timer exists: its wake-up cannot be missed.
-            shared.waker.register(cx.waker());
-            let tick = this.engine.clock.tick_at(this.deadline);
-            return match this.engine.submit(tick, wake_task(shared.clone())) {
-                Ok(timer) => {
-                    this.timer = Some(timer);
-                    Poll::Pending
-                }
-                Err(error) => Poll::Ready(Err(error)),
-            };
+            return this.arm(cx.waker());
         };
-        // Register first, then look: a fire in between wakes the new waker.
-        if let Some(shared) = &this.shared {
-            shared.waker.register(cx.waker());
+        let mut state = armed.timer.state();
+        // The deadline may have passed without the shard having turned yet (a manual clock
+        // moves only on `advance`): time, not the shard, decides.
+        if state == TimerState::Pending && clock.now_ordered() < this.deadline {
+            if armed.waker.will_wake(cx.waker()) {
+                return Poll::Pending;
+            }
+            // Another task polls: the timer's task would wake the old one. Replace the timer,
+            // unless it fired (or shutdown cancelled it) meanwhile.
+            if armed.timer.cancel() {
+                this.armed = None;
+                return this.arm(cx.waker());
+            }
+            state = armed.timer.state();
         }
-        match timer.state() {
-            // The deadline may have passed without the shard having turned yet (a manual clock
-            // moves only on `advance`): time, not the shard, decides.
-            TimerState::Pending if clock.now() < this.deadline => Poll::Pending,
-            state @ (TimerState::Pending | TimerState::Expired) => {
+        match state {
+            TimerState::Pending | TimerState::Expired => {
                 if state == TimerState::Pending {
-                    timer.cancel();
+                    armed.timer.cancel();
                 }
-                this.timer = None;
+                this.armed = None;
                 this.elapsed = true;
                 Poll::Ready(Ok(()))
             }
             // Only shutdown cancels a sleep's timer from the outside.
             TimerState::Cancelled => {
-                this.timer = None;
+                this.armed = None;
                 Poll::Ready(Err(ScheduleError::Shutdown))
             }
         }
@@ -308,8 +245,8 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(timer) = &self.timer {
-            timer.cancel();
+        if let Some(armed) = &self.armed {
+            armed.timer.cancel();
         }
     }
 }
@@ -421,7 +358,9 @@ impl Interval {
                 let due = self.sleep.deadline();
                 let now = self.now();
                 let period = self.period;
-                let late = due.checked_add(TICK_TOLERANCE).is_none_or(|on_time| now > on_time);
+                let late = due
+                    .checked_add(TICK_TOLERANCE)
+                    .is_none_or(|on_time| now > on_time);
                 let next = match self.missed {
                     MissedTickBehavior::Delay if late => now.checked_add(period),
                     MissedTickBehavior::Skip if late => {
@@ -461,7 +400,10 @@ impl Interval {
     /// The next tick is one period from now, and the grid continues from it.
     pub fn reset(&mut self) {
         let now = self.now();
-        self.reset_at(now.checked_add(self.period).unwrap_or_else(|| crate::timer::far_future(now)));
+        self.reset_at(
+            now.checked_add(self.period)
+                .unwrap_or_else(|| crate::timer::far_future(now)),
+        );
     }
 
     /// The next tick is now, and the grid continues from it.
@@ -473,7 +415,10 @@ impl Interval {
     /// The next tick is `after` from now, and the grid continues from it.
     pub fn reset_after(&mut self, after: Duration) {
         let now = self.now();
-        self.reset_at(now.checked_add(after).unwrap_or_else(|| crate::timer::far_future(now)));
+        self.reset_at(
+            now.checked_add(after)
+                .unwrap_or_else(|| crate::timer::far_future(now)),
+        );
     }
 
     /// The next tick is at `deadline`, and the grid continues from it.

@@ -18,6 +18,23 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! Async code finds `tokio::time`'s functions under the same names and with the same semantics,
+//! on any executor: [`sleep`], [`sleep_until`], [`timeout`], [`timeout_at`], [`interval`] and
+//! [`interval_at`] on a process-wide default timer ([`set_default_timer`] configures it), or
+//! the same methods on a [`Timer`]. With the `hyper` feature, `HyperTimer` runs hyper's timeouts.
+//!
+//! ```
+//! use std::time::Duration;
+//! # fn main() -> Result<(), shardwheel::Elapsed> {
+//! futures::executor::block_on(async {
+//!     shardwheel::sleep(Duration::from_millis(1)).await;
+//!     let answer = shardwheel::timeout(Duration::from_secs(1), async { 42 }).await?;
+//!     assert_eq!(answer, 42);
+//!     Ok(())
+//! })
+//! # }
+//! ```
 #![warn(missing_docs)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
@@ -38,21 +55,21 @@ mod timer;
 pub mod wheel;
 
 pub use clock::Clock;
-pub use engine::executor::Executor;
-pub use engine::handle::TimerHandle;
-pub use engine::shard::UnfiredTimer;
-pub use engine::slot::TimerState;
 pub use default_timer::{
     default_timer, interval, interval_at, set_default_timer, sleep, sleep_until, timeout,
     timeout_at,
 };
+pub use engine::executor::Executor;
+pub use engine::handle::TimerHandle;
+pub use engine::shard::UnfiredTimer;
+pub use engine::slot::TimerState;
 pub use error::{BuildError, DefaultTimerError, ScheduleError};
 pub use futures::{Elapsed, Interval, Sleep, Timeout};
 #[cfg(feature = "hyper")]
 pub use hyper_timer::HyperTimer;
+pub use periodic::MissedTickBehavior;
 #[allow(deprecated)]
 pub use periodic::MissedTicks;
-pub use periodic::MissedTickBehavior;
 pub use stats::{ShardStats, Stats};
 pub use timer::{Builder, Timer};
 

@@ -45,7 +45,10 @@ pub type MissedTicks = MissedTickBehavior;
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Cadence {
     /// Grid points `anchor + k * period`, with a missed-tick policy.
-    FixedRate { period: u64, missed: MissedTickBehavior },
+    FixedRate {
+        period: u64,
+        missed: MissedTickBehavior,
+    },
     /// `delay` after the end of the previous run.
     FixedDelay { delay: u64 },
 }

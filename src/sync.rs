@@ -48,26 +48,6 @@ pub(crate) mod statistics {
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 }
 
-/// A cell whose accesses go through closures, so that loom can check them for races.
-#[cfg(not(loom))]
-#[derive(Debug, Default)]
-pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
-
-#[cfg(not(loom))]
-impl<T> UnsafeCell<T> {
-    pub(crate) fn new(value: T) -> UnsafeCell<T> {
-        UnsafeCell(std::cell::UnsafeCell::new(value))
-    }
-
-    /// Runs `access` with a raw pointer to the value; the caller upholds exclusive access.
-    pub(crate) fn with_mut<R>(&self, access: impl FnOnce(*mut T) -> R) -> R {
-        access(self.0.get())
-    }
-}
-
-#[cfg(loom)]
-pub(crate) use loom::cell::UnsafeCell;
-
 /// The lock-free multi-producer queue that carries messages to a shard.
 #[cfg(not(loom))]
 pub(crate) type Queue<T> = crossbeam_queue::SegQueue<T>;

@@ -13,10 +13,14 @@ use std::time::{Duration, Instant};
 fn the_default_timer_is_configured_once_and_the_free_functions_register_lazily() {
     // A refused configuration leaves the default timer unbuilt.
     let refused = shardwheel::set_default_timer(Timer::builder().shards(0)).unwrap_err();
-    assert!(matches!(refused, DefaultTimerError::Build(BuildError::NoShards)), "{refused:?}");
+    assert!(
+        matches!(refused, DefaultTimerError::Build(BuildError::NoShards)),
+        "{refused:?}"
+    );
     assert!(std::error::Error::source(&refused).is_some());
 
-    let timer = shardwheel::set_default_timer(Timer::builder().shards(1)).expect("first configuration");
+    let timer =
+        shardwheel::set_default_timer(Timer::builder().shards(1)).expect("first configuration");
     assert_eq!(timer.stats().shards.len(), 1);
     let again = shardwheel::set_default_timer(Timer::builder().shards(3)).unwrap_err();
     assert!(matches!(again, DefaultTimerError::AlreadyBuilt));
@@ -31,7 +35,10 @@ fn the_default_timer_is_configured_once_and_the_free_functions_register_lazily()
         let answer = block_on(shardwheel::timeout(Duration::from_secs(5), ready(round)));
         assert_eq!(answer, Ok(round));
         let deadline = Instant::now() + Duration::from_secs(5);
-        assert_eq!(block_on(shardwheel::timeout_at(deadline, async move { round })), Ok(round));
+        assert_eq!(
+            block_on(shardwheel::timeout_at(deadline, async move { round })),
+            Ok(round)
+        );
         drop(shardwheel::sleep(Duration::from_secs(5)));
         drop(shardwheel::timeout(Duration::from_secs(5), pending::<()>()));
         drop(shardwheel::interval(Duration::from_secs(5)));
@@ -41,7 +48,12 @@ fn the_default_timer_is_configured_once_and_the_free_functions_register_lazily()
     let after = timer.stats();
     assert_eq!(
         (after.scheduled, after.cancelled, after.fired, after.reset),
-        (before.scheduled, before.cancelled, before.fired, before.reset),
+        (
+            before.scheduled,
+            before.cancelled,
+            before.fired,
+            before.reset
+        ),
         "lazy registration touched the engine"
     );
 
@@ -49,7 +61,13 @@ fn the_default_timer_is_configured_once_and_the_free_functions_register_lazily()
     let started = Instant::now();
     block_on(shardwheel::sleep(Duration::from_millis(10)));
     assert!(started.elapsed() >= Duration::from_millis(10));
-    assert!(block_on(shardwheel::timeout(Duration::from_millis(5), pending::<()>())).is_err());
+    assert!(
+        block_on(shardwheel::timeout(
+            Duration::from_millis(5),
+            pending::<()>()
+        ))
+        .is_err()
+    );
     let mut interval = shardwheel::interval_at(Instant::now(), Duration::from_millis(5));
     let first = block_on(interval.tick());
     assert_eq!(block_on(interval.tick()), first + Duration::from_millis(5));

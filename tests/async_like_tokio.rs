@@ -111,8 +111,8 @@ macro_rules! scenarios {
             assert!(Instant::now() >= deadline);
             // get_ref, get_mut, into_inner.
             let mut wrapped = timeout(ms(10), std::future::ready(3));
-            let _: &std::future::Ready<i32> = wrapped.get_ref();
-            let _: &mut std::future::Ready<i32> = wrapped.get_mut();
+            let inner: *const std::future::Ready<i32> = wrapped.get_ref();
+            assert!(std::ptr::eq(inner, wrapped.get_mut()));
             assert_eq!(wrapped.into_inner().await, 3);
             // Dropped while pending: nothing happens later.
             let mut dropped = pin!(timeout(ms(5), pending::<()>()));
@@ -127,7 +127,10 @@ macro_rules! scenarios {
             assert_eq!(interval.period(), period);
             assert_eq!(interval.missed_tick_behavior(), MissedTickBehavior::Burst);
             let first = interval.tick().await;
-            assert!(first >= before && first <= after, "the first tick is due at creation");
+            assert!(
+                first >= before && first <= after,
+                "the first tick is due at creation"
+            );
             assert!(before.elapsed() < period, "the first tick was not at once");
             for k in 1..4u32 {
                 let due = interval.tick().await;
@@ -166,7 +169,10 @@ macro_rules! scenarios {
             let before = Instant::now();
             interval.reset_after(ms(10));
             let due = interval.tick().await;
-            assert!(due >= before + ms(10) && due < before + ms(10) + SLACK, "reset_after");
+            assert!(
+                due >= before + ms(10) && due < before + ms(10) + SLACK,
+                "reset_after"
+            );
             // reset_at.
             let at = Instant::now() + ms(15);
             interval.reset_at(at);
@@ -217,11 +223,18 @@ macro_rules! scenarios {
             // The tick pending during the block comes late with its own due instant; the
             // next is the first grid point after it was seen: the others were dropped.
             assert_eq!(ticks[0].0, first + PERIOD);
-            assert!(ticks[1].0 > unblocked, "a point passed during the block was returned");
+            assert!(
+                ticks[1].0 > unblocked,
+                "a point passed during the block was returned"
+            );
             for (k, pair) in ticks.windows(2).enumerate() {
                 let ((due, seen), (next, _)) = (pair[0], pair[1]);
                 assert!(on_the_grid(first, next), "tick {} off the grid", k + 1);
-                assert!(next > due && next - PERIOD <= seen.max(due), "tick {}", k + 1);
+                assert!(
+                    next > due && next - PERIOD <= seen.max(due),
+                    "tick {}",
+                    k + 1
+                );
             }
         }
 
@@ -230,13 +243,17 @@ macro_rules! scenarios {
             assert_eq!(ticks[0].0, first + PERIOD);
             // Restarted one period after the late tick was seen.
             let restart = ticks[1].0 - PERIOD;
-            assert!(restart >= unblocked && restart <= ticks[0].1, "not restarted from the late tick");
+            assert!(
+                restart >= unblocked && restart <= ticks[0].1,
+                "not restarted from the late tick"
+            );
             for (k, pair) in ticks.windows(2).enumerate() {
                 let ((due, seen), (next, _)) = (pair[0], pair[1]);
                 let restart = next - PERIOD;
                 assert!(
                     next == due + PERIOD || (restart >= due && restart <= seen),
-                    "tick {}", k + 1
+                    "tick {}",
+                    k + 1
                 );
             }
         }
@@ -245,8 +262,7 @@ macro_rules! scenarios {
 
 mod tokio_api {
     pub use tokio::time::{
-        Instant, MissedTickBehavior, interval, interval_at, sleep, sleep_until, timeout,
-        timeout_at,
+        Instant, MissedTickBehavior, interval, interval_at, sleep, sleep_until, timeout, timeout_at,
     };
     pub fn sleep_for(delay: std::time::Duration) -> tokio::time::Sleep {
         sleep(delay)

@@ -124,8 +124,9 @@ fn dropping_pending_sleeps_cancels_their_timers_and_releases_them_at_once() {
         assert!(poll_once(sleep, &waker).is_pending());
     }
     assert_eq!(timer.pending(), SLEEPS);
-    // Each pending sleep holds a clone of the waker (plus `counter` and `waker` themselves).
-    assert_eq!(Arc::strong_count(&counter), SLEEPS + 2);
+    // Each pending sleep and its timer's task hold a clone of the waker (plus `counter` and
+    // `waker` themselves).
+    assert_eq!(Arc::strong_count(&counter), 2 * SLEEPS + 2);
 
     let dropped_at = Instant::now();
     drop(sleeps);
@@ -134,7 +135,8 @@ fn dropping_pending_sleeps_cancels_their_timers_and_releases_them_at_once() {
     let after = timer.stats();
     assert_eq!(after.cancelled - before.cancelled, SLEEPS as u64);
     assert_eq!(timer.pending(), 0);
-    // The shard drops the cancelled timers' tasks (and with them the wakers) at its next turn.
+    // The sleeps' clones went with them; the shard drops the cancelled timers' tasks (and with
+    // them their clones) at its next turn.
     assert!(
         wait_until(Duration::from_secs(5), || Arc::strong_count(&counter) == 2),
         "wakers still held: {}",
@@ -168,7 +170,12 @@ fn an_unpolled_sleep_never_touches_the_engine() {
     let after = timer.stats();
     assert_eq!(
         (after.scheduled, after.cancelled, after.fired, after.reset),
-        (before.scheduled, before.cancelled, before.fired, before.reset)
+        (
+            before.scheduled,
+            before.cancelled,
+            before.fired,
+            before.reset
+        )
     );
     // A sleep first polled after its deadline completes without a timer.
     let mut late = timer.sleep(Duration::from_millis(2));
@@ -200,12 +207,15 @@ fn dropping_a_completed_sleep_cancels_nothing() {
 fn reset_moves_the_deadline_earlier() {
     let timer = timer();
     let mut sleep = timer.sleep(Duration::from_secs(30));
-    assert!(poll_noop(&mut sleep).is_pending());
     let reset_at = Instant::now();
     let deadline = reset_at + Duration::from_millis(20);
-    Pin::new(&mut sleep).reset(deadline);
-    assert_eq!(sleep.deadline(), deadline);
-    block_on(&mut sleep);
+    // One task polls throughout (a poll under another task's waker replaces the timer).
+    block_on(async {
+        assert!(poll_in_task(&mut sleep).await.is_pending());
+        Pin::new(&mut sleep).reset(deadline);
+        assert_eq!(sleep.deadline(), deadline);
+        (&mut sleep).await;
+    });
     let now = Instant::now();
     assert!(now >= deadline);
     assert!(
@@ -246,8 +256,10 @@ fn reset_after_completion_arms_the_sleep_again() {
     let again = Instant::now() + Duration::from_millis(40);
     Pin::new(&mut sleep).reset(again);
     assert!(!sleep.is_elapsed());
-    assert!(poll_noop(&mut sleep).is_pending());
-    block_on(&mut sleep);
+    block_on(async {
+        assert!(poll_in_task(&mut sleep).await.is_pending());
+        (&mut sleep).await;
+    });
     assert!(Instant::now() >= again);
 
     // Into the past: completes at the next poll, without a timer.
@@ -258,6 +270,30 @@ fn reset_after_completion_arms_the_sleep_again() {
     assert_eq!(timer.stats().scheduled, 2);
 }
 
+/// Polls `sleep` once, from inside a task (with the task's waker).
+async fn poll_in_task(sleep: &mut Sleep) -> Poll<()> {
+    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *sleep).poll(cx))).await
+}
+
+/// A pending sleep polled under another task's waker replaces its timer (the old one's task
+/// would wake the old task); under the same task's waker it keeps it.
+#[test]
+fn a_poll_under_another_waker_replaces_the_timer() {
+    let timer = timer();
+    let (first, first_waker) = counting_waker();
+    let (second, second_waker) = counting_waker();
+    let mut sleep = timer.sleep(Duration::from_millis(30));
+    assert!(poll_once(&mut sleep, &first_waker).is_pending());
+    assert!(poll_once(&mut sleep, &first_waker).is_pending());
+    assert_eq!(timer.stats().scheduled, 1);
+    assert!(poll_once(&mut sleep, &second_waker).is_pending());
+    let stats = timer.stats();
+    assert_eq!((stats.scheduled, stats.cancelled), (2, 1));
+    assert!(wait_until(Duration::from_secs(2), || second.wakes() == 1));
+    assert_eq!(first.wakes(), 0, "the replaced timer woke the old waker");
+    assert_eq!(poll_once(&mut sleep, &second_waker), Poll::Ready(()));
+}
+
 /// Polls `sleep` with `poll_sleep`, which reports what `poll` panics on.
 fn poll_sleep_noop(sleep: &mut Sleep) -> Poll<Result<(), ScheduleError>> {
     Pin::new(sleep).poll_sleep(&mut std::task::Context::from_waker(std::task::Waker::noop()))
@@ -265,10 +301,13 @@ fn poll_sleep_noop(sleep: &mut Sleep) -> Poll<Result<(), ScheduleError>> {
 
 /// The panic message of `run`, which must panic.
 fn panic_message(run: impl FnOnce()) -> String {
-    let payload = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).expect_err("no panic");
+    let payload =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).expect_err("no panic");
     match payload.downcast::<String>() {
         Ok(message) => *message,
-        Err(payload) => payload.downcast::<&str>().map_or_else(|_| String::new(), |m| m.to_string()),
+        Err(payload) => payload
+            .downcast::<&str>()
+            .map_or_else(|_| String::new(), |m| m.to_string()),
     }
 }
 
@@ -282,11 +321,19 @@ fn sleep_on_a_shut_down_timer_panics_and_the_fallible_forms_report_it() {
     timer.shutdown();
     // Making a sleep is fine (lazy); polling it panics, naming the error.
     let message = panic_message(|| block_on(timer.sleep(Duration::from_millis(1))));
-    assert!(message.contains(&ScheduleError::Shutdown.to_string()), "{message}");
+    assert!(
+        message.contains(&ScheduleError::Shutdown.to_string()),
+        "{message}"
+    );
     let mut sleep = timer.sleep(Duration::from_millis(1));
-    assert_eq!(poll_sleep_noop(&mut sleep), Poll::Ready(Err(ScheduleError::Shutdown)));
     assert_eq!(
-        timer.try_sleep_until(Instant::now() + Duration::from_millis(1)).unwrap_err(),
+        poll_sleep_noop(&mut sleep),
+        Poll::Ready(Err(ScheduleError::Shutdown))
+    );
+    assert_eq!(
+        timer
+            .try_sleep_until(Instant::now() + Duration::from_millis(1))
+            .unwrap_err(),
         ScheduleError::Shutdown
     );
     // A deadline that has passed needs no timer: it completes.
@@ -300,15 +347,26 @@ fn a_sleep_that_cannot_get_a_timer_reports_full() {
     let mut first = timer.sleep(Duration::from_secs(60));
     assert!(poll_noop(&mut first).is_pending());
     let mut second = timer.sleep(Duration::from_millis(1));
-    assert_eq!(poll_sleep_noop(&mut second), Poll::Ready(Err(ScheduleError::Full)));
+    assert_eq!(
+        poll_sleep_noop(&mut second),
+        Poll::Ready(Err(ScheduleError::Full))
+    );
     let soon = Instant::now() + Duration::from_millis(1);
-    assert_eq!(timer.try_sleep_until(soon).unwrap_err(), ScheduleError::Full);
+    assert_eq!(
+        timer.try_sleep_until(soon).unwrap_err(),
+        ScheduleError::Full
+    );
     let message = panic_message(|| block_on(timer.sleep(Duration::from_millis(1))));
-    assert!(message.contains(&ScheduleError::Full.to_string()), "{message}");
+    assert!(
+        message.contains(&ScheduleError::Full.to_string()),
+        "{message}"
+    );
     drop(first);
     // The next poll tries again.
     block_on(second);
-    let armed = timer.try_sleep_until(Instant::now() + Duration::from_millis(1)).unwrap();
+    let armed = timer
+        .try_sleep_until(Instant::now() + Duration::from_millis(1))
+        .unwrap();
     assert_eq!(timer.pending(), 1);
     block_on(armed);
 }
@@ -322,7 +380,9 @@ fn shutdown_wakes_a_task_awaiting_a_sleep() {
     let mut sleep = timer.sleep(Duration::from_secs(60));
     let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let result = block_on(std::future::poll_fn(|cx| Pin::new(&mut sleep).poll_sleep(cx)));
+        let result = block_on(std::future::poll_fn(|cx| {
+            Pin::new(&mut sleep).poll_sleep(cx)
+        }));
         sender.send(result)
     });
     std::thread::sleep(Duration::from_millis(50));
@@ -340,7 +400,7 @@ fn sizes_of_sleep_beside_tokio() {
     let ours = std::mem::size_of::<Sleep>();
     let tokio = std::mem::size_of::<tokio::time::Sleep>();
     eprintln!(
-        "size_of::<shardwheel::Sleep>() = {ours} (+ heap: Arc'd waker cell and a 48-byte engine slot), \
+        "size_of::<shardwheel::Sleep>() = {ours} (+ a 48-byte engine slot once polled), \
          size_of::<tokio::time::Sleep>() = {tokio} (timer entry inline)"
     );
     assert!(ours <= 64, "Sleep grew to {ours} bytes");

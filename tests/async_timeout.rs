@@ -131,15 +131,26 @@ fn a_timeout_ready_at_its_first_poll_leaves_the_engine_untouched() {
     let timer = timer();
     let before = timer.stats();
     for round in 0..1000u32 {
-        assert_eq!(block_on(timer.timeout(Duration::from_secs(5), ready(round))), Ok(round));
+        assert_eq!(
+            block_on(timer.timeout(Duration::from_secs(5), ready(round))),
+            Ok(round)
+        );
         let deadline = Instant::now() + Duration::from_secs(5);
-        assert_eq!(block_on(timer.timeout_at(deadline, async move { round })), Ok(round));
+        assert_eq!(
+            block_on(timer.timeout_at(deadline, async move { round })),
+            Ok(round)
+        );
         drop(timer.timeout(Duration::from_secs(5), pending::<()>()));
     }
     let after = timer.stats();
     assert_eq!(
         (after.scheduled, after.cancelled, after.fired, after.reset),
-        (before.scheduled, before.cancelled, before.fired, before.reset),
+        (
+            before.scheduled,
+            before.cancelled,
+            before.fired,
+            before.reset
+        ),
         "a ready-at-first-poll timeout touched the engine"
     );
     assert_eq!(timer.pending(), 0);

@@ -11,6 +11,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use shardwheel::{HyperTimer, Timer};
 use std::convert::Infallible;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -58,10 +59,9 @@ fn hyper_answers_a_request_with_a_shardwheel_timer() {
     runtime().block_on(async {
         let address = server(HyperTimer::new(timer.clone())).await;
         let stream = TcpStream::connect(address).await.expect("connect");
-        let (mut sender, connection) =
-            hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .expect("handshake");
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
         tokio::spawn(connection);
         let request = hyper::Request::get("/")
             .header("host", "localhost")
@@ -69,7 +69,12 @@ fn hyper_answers_a_request_with_a_shardwheel_timer() {
             .expect("request");
         let response = sender.send_request(request).await.expect("response");
         assert_eq!(response.status(), 200);
-        let body = response.into_body().collect().await.expect("body").to_bytes();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
         assert_eq!(&body[..], b"hello");
     });
     // The header read timeout ran on shardwheel: scheduled, then cancelled once the headers
@@ -85,10 +90,14 @@ fn header_read_timeout_cuts_off_a_slow_client_on_shardwheel() {
         let mut stream = TcpStream::connect(address).await.expect("connect");
         let started = Instant::now();
         // Half a request line, then nothing: the headers never complete.
-        stream.write_all(b"GET / HTTP/1.1\r\nhost: lo").await.expect("write");
+        stream
+            .write_all(b"GET / HTTP/1.1\r\nhost: lo")
+            .await
+            .expect("write");
         let mut response = Vec::new();
         // The runtime has no tokio timers (no `enable_time`): the watchdog is shardwheel's too.
-        let read = timer.timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        let read = timer
+            .timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
             .await
             .expect("the server never cut the slow client off");
         let took = started.elapsed();
@@ -102,7 +111,10 @@ fn header_read_timeout_cuts_off_a_slow_client_on_shardwheel() {
         }
     });
     let stats = timer.stats();
-    assert!(stats.fired >= 1, "the header read timeout did not fire: {stats:?}");
+    assert!(
+        stats.fired >= 1,
+        "the header read timeout did not fire: {stats:?}"
+    );
 }
 
 #[test]
@@ -110,25 +122,37 @@ fn hyper_timer_resets_a_shardwheel_sleep_in_place() {
     let timer = Timer::builder().shards(1).build().expect("build timer");
     let hyper_timer = HyperTimer::new(timer.clone());
     assert!(hyper_timer.now() >= timer.clock().now() - Duration::from_secs(1));
-    let mut sleep = hyper_timer.sleep(Duration::from_secs(60));
-    let waker = std::task::Waker::noop();
-    assert!(sleep.as_mut().poll(&mut std::task::Context::from_waker(waker)).is_pending());
     let deadline = Instant::now() + Duration::from_millis(20);
-    hyper_timer.reset(&mut sleep, deadline);
-    futures::executor::block_on(sleep);
+    futures::executor::block_on(async {
+        let mut sleep = hyper_timer.sleep(Duration::from_secs(60));
+        let first = std::future::poll_fn(|cx| Poll::Ready(sleep.as_mut().poll(cx))).await;
+        assert!(first.is_pending());
+        hyper_timer.reset(&mut sleep, deadline);
+        sleep.await;
+    });
     assert!(Instant::now() >= deadline);
     let stats = timer.stats();
     // One timer, moved: not replaced by a second one.
     assert_eq!((stats.scheduled, stats.reset), (1, 1));
+    let waker = std::task::Waker::noop();
     // A sleep from another timer is replaced by one of ours.
-    let mut foreign: std::pin::Pin<Box<dyn hyper::rt::Sleep>> =
-        Box::pin(ForeignSleep);
+    let mut foreign: std::pin::Pin<Box<dyn hyper::rt::Sleep>> = Box::pin(ForeignSleep);
     hyper_timer.reset(&mut foreign, Instant::now());
-    assert!(foreign.as_mut().downcast_mut_pin::<shardwheel::Sleep>().is_some());
+    assert!(
+        foreign
+            .as_mut()
+            .downcast_mut_pin::<shardwheel::Sleep>()
+            .is_some()
+    );
     // `Default` uses the process-wide default timer (no other test here touches it).
     let default = HyperTimer::default();
     let mut sleep = default.sleep(Duration::from_secs(60));
-    assert!(sleep.as_mut().poll(&mut std::task::Context::from_waker(waker)).is_pending());
+    assert!(
+        sleep
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(waker))
+            .is_pending()
+    );
     assert_eq!(shardwheel::default_timer().unwrap().pending(), 1);
     assert_eq!(default.timer().pending(), 1);
 }

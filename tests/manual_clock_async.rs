@@ -257,7 +257,9 @@ fn fixed_rate_runs_exactly_on_the_grid() {
     let after = Runs::new(&clock);
     let record = after.clone();
     let delayed = timer
-        .schedule_repeating_after(ms(3), ms(7), MissedTickBehavior::Burst, move || record.record())
+        .schedule_repeating_after(ms(3), ms(7), MissedTickBehavior::Burst, move || {
+            record.record()
+        })
         .unwrap();
     step(&clock, 200);
     assert_eq!(runs.millis(), (1..=20).map(|k| 10 * k).collect::<Vec<_>>());
@@ -427,7 +429,15 @@ fn interval_after_a_big_advance(missed: MissedTickBehavior) -> Vec<(u64, u64)> {
 fn interval_burst_returns_every_missed_point() {
     assert_eq!(
         interval_after_a_big_advance(MissedTickBehavior::Burst),
-        [(0, 0), (10, 35), (20, 35), (30, 35), (40, 40), (50, 50), (60, 60)]
+        [
+            (0, 0),
+            (10, 35),
+            (20, 35),
+            (30, 35),
+            (40, 40),
+            (50, 50),
+            (60, 60)
+        ]
     );
 }
 

@@ -161,7 +161,11 @@ fn no_run_starts_after_cancel_returned_true() {
         let runs = Arc::new(AtomicUsize::new(0));
         let late = Arc::new(AtomicUsize::new(0));
         let (cancelled_in, runs_in, late_in) = (cancelled.clone(), runs.clone(), late.clone());
-        let missed = [MissedTickBehavior::Burst, MissedTickBehavior::Skip, MissedTickBehavior::Delay][round % 3];
+        let missed = [
+            MissedTickBehavior::Burst,
+            MissedTickBehavior::Skip,
+            MissedTickBehavior::Delay,
+        ][round % 3];
         let handle = timer
             .schedule_repeating(ms(1), missed, move || {
                 if cancelled_in.load(Ordering::SeqCst) {
@@ -268,9 +272,11 @@ fn reset_brings_a_distant_run_forward() {
     let runs = Record::new();
     let record = runs.clone();
     let handle = timer
-        .schedule_repeating(Duration::from_secs(3600), MissedTickBehavior::Burst, move || {
-            record.stamp()
-        })
+        .schedule_repeating(
+            Duration::from_secs(3600),
+            MissedTickBehavior::Burst,
+            move || record.stamp(),
+        )
         .unwrap();
     let reset_at = Instant::now();
     assert!(handle.reset(ms(20)));

@@ -73,7 +73,9 @@ fn the_first_run_of_schedule_repeating_after_follows_the_initial_delay() {
     let record = runs.clone();
     let start = Instant::now();
     let handle = timer
-        .schedule_repeating_after(initial, period, MissedTickBehavior::Burst, move || record.stamp())
+        .schedule_repeating_after(initial, period, MissedTickBehavior::Burst, move || {
+            record.stamp()
+        })
         .unwrap();
     assert!(wait_until(Duration::from_secs(5), || runs.len() >= 6));
     handle.cancel();
@@ -254,9 +256,12 @@ fn a_zero_period_is_rejected() {
     let runs = Record::new();
     let record = runs.clone();
     let handle = timer
-        .schedule_repeating_after(Duration::ZERO, ms(1000), MissedTickBehavior::Skip, move || {
-            record.stamp()
-        })
+        .schedule_repeating_after(
+            Duration::ZERO,
+            ms(1000),
+            MissedTickBehavior::Skip,
+            move || record.stamp(),
+        )
         .unwrap();
     assert!(wait_until(Duration::from_secs(2), || runs.len() == 1));
     handle.cancel();

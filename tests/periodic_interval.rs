@@ -190,7 +190,9 @@ fn a_zero_period_interval_panics_and_try_interval_at_rejects_it() {
     support::quiet_intentional_panics();
     let timer = timer();
     assert_eq!(
-        timer.try_interval_at(Instant::now(), Duration::ZERO).unwrap_err(),
+        timer
+            .try_interval_at(Instant::now(), Duration::ZERO)
+            .unwrap_err(),
         ScheduleError::ZeroPeriod
     );
     let zero = std::panic::AssertUnwindSafe(|| timer.interval(Duration::ZERO));
@@ -206,11 +208,19 @@ fn an_interval_schedules_at_its_second_tick_and_dropping_it_cancels_its_timer() 
     let waker = std::task::Waker::noop();
     for interval in &mut intervals {
         // The first tick is due at once: no timer.
-        assert!(interval.poll_tick(&mut std::task::Context::from_waker(waker)).is_ready());
+        assert!(
+            interval
+                .poll_tick(&mut std::task::Context::from_waker(waker))
+                .is_ready()
+        );
         assert_eq!(timer.stats().scheduled, 0);
     }
     for interval in &mut intervals {
-        assert!(interval.poll_tick(&mut std::task::Context::from_waker(waker)).is_pending());
+        assert!(
+            interval
+                .poll_tick(&mut std::task::Context::from_waker(waker))
+                .is_pending()
+        );
     }
     assert_eq!(timer.pending(), 100);
     drop(intervals);
@@ -229,8 +239,7 @@ fn an_interval_on_a_shut_down_timer_panics_after_its_first_tick() {
     let mut interval = timer.interval(ms(5));
     // Due at once: needs no timer.
     block_on(interval.tick());
-    let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        block_on(interval.next())
-    }));
+    let second =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| block_on(interval.next())));
     assert!(second.is_err(), "the second tick did not panic");
 }

@@ -295,9 +295,9 @@ fn loom_waker() -> (std::sync::Arc<LoomWaker>, std::task::Waker) {
     (flag.clone(), std::task::Waker::from(flag))
 }
 
-/// Model 7 (async): a `Sleep` polled while its deadline passes on another thread: the
-/// register-then-recheck never loses the wake-up (a lost one deadlocks), and when the waker
-/// changes between polls, the latest one is woken.
+/// Model 7 (async): a `Sleep` polled while its deadline passes on another thread, under a new
+/// waker at its second poll: the latest waker is woken (the second poll replaces the timer, or
+/// finds it fired) and no wake-up is lost (a lost one deadlocks).
 #[test]
 fn sleep_wakes_the_latest_waker() {
     use std::future::Future;
@@ -327,6 +327,35 @@ fn sleep_wakes_the_latest_waker() {
         // Extra (spurious) wake-ups are allowed; a lost one would have deadlocked above.
         let _ = first.woken.load(Ordering::SeqCst);
         assert_eq!(poll(&second_waker), Poll::Ready(()));
+    });
+}
+
+/// Model 7b (async, lazy registration): a `Sleep`'s first poll finds its deadline ahead and
+/// schedules its timer while another thread advances the clock past the deadline. Either the
+/// poll completes, or the one waker it registered is woken: an advance whose drive ran before
+/// the timer reached the shard must be seen by the poll (a lost wake-up deadlocks).
+#[test]
+fn sleep_first_poll_registers_without_losing_the_wake_up() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let mut sleep = timer.sleep(MILLISECOND);
+        let (woken, waker) = loom_waker();
+        let firer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(2 * MILLISECOND))
+        };
+        let mut context = Context::from_waker(&waker);
+        if Pin::new(&mut sleep).poll(&mut context).is_pending() {
+            while woken.woken.load(Ordering::SeqCst) == 0 {
+                woken.notify.wait();
+            }
+            assert_eq!(Pin::new(&mut sleep).poll(&mut context), Poll::Ready(()));
+        }
+        firer.join().unwrap();
     });
 }
 
