@@ -144,3 +144,5 @@ for mode in $MODES; do
         printf "\n" }'
   fi
 done
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+awk '$1 == 1 && $6 < 0.9 {n++} END {if (n) printf "note: %d run(s) at 1 core had the server busy < 0.90: another process took CPU, or wrk set the pace\n", n}' "$results"
