@@ -67,10 +67,10 @@ impl Client {
             if header == "\r\n" {
                 break;
             }
-            if let Some((name, value)) = header.split_once(':') {
-                if name.eq_ignore_ascii_case("content-length") {
-                    length = Some(value.trim().parse::<usize>()?);
-                }
+            if let Some((name, value)) = header.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                length = Some(value.trim().parse::<usize>()?);
             }
         }
         let mut body = vec![0; length.ok_or("no content-length")?];
