@@ -10,7 +10,9 @@
 #[path = "engine_support.rs"]
 mod support;
 
-use shardwheel::{Clock, Executor, MissedTickBehavior, ScheduleError, Timer};
+#[cfg(debug_assertions)]
+use shardwheel::ScheduleError;
+use shardwheel::{Clock, Executor, MissedTickBehavior, Timer};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::task::{Context, Wake, Waker};
