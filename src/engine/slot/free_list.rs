@@ -12,6 +12,7 @@ use crate::sync::Ordering;
 
 impl SlotTable {
     /// Pops a free slot: its index and generation. `None` when the list is empty.
+    #[inline]
     pub(super) fn pop_free(&self) -> Option<(u32, u32)> {
         let mut head = self.free_head.load(Ordering::Acquire);
         while head as u32 != 0 {

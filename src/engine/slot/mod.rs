@@ -211,8 +211,7 @@ struct Fresh {
 pub(crate) struct SlotTable {
     /// The slots themselves ([`pages`]).
     pages: Pages,
-    /// Head of the [free list](free_list): `tag << 32 | (index + 1)`, 0 in the low half when
-    /// empty. The tag changes on every push and pop, so a stale compare-and-swap fails (no ABA).
+    /// Head of the [free list](free_list) (its tagged encoding is described there).
     free_head: CachePadded<AtomicU64>,
     /// Slots never handed out (since the last reclaim) start here.
     fresh: CachePadded<Fresh>,
