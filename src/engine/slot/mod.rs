@@ -96,6 +96,19 @@
 //! during a run may arrive after the `Rearm` ended it, when the shard has gone idle and given
 //! its entry table back: it finds the slot no longer held ([`cancel_awaits_let_go`]) and
 //! touches no entry.
+//!
+//! [`begin`]: SlotTable::begin
+//! [`cancel`]: SlotTable::cancel
+//! [`reset_lazy`]: SlotTable::reset_lazy
+//! [`reset`]: SlotTable::reset
+//! [`reset_applied`]: SlotTable::reset_applied
+//! [`fire`]: SlotTable::fire
+//! [`finish_run`]: SlotTable::finish_run
+//! [`end_run_after_shutdown`]: SlotTable::end_run_after_shutdown
+//! [`let_go`]: SlotTable::let_go
+//! [`try_reclaim`]: SlotTable::try_reclaim
+//! [`cancel_for_shutdown`]: SlotTable::cancel_for_shutdown
+//! [`cancel_awaits_let_go`]: SlotTable::cancel_awaits_let_go
 
 mod free_list;
 #[cfg(loom)]
