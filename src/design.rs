@@ -80,8 +80,7 @@
 //! index and read its page), so the shard gives their memory back in place with
 //! `madvise(MADV_DONTNEED)`: still mapped, reading as zeros (FREE words). The table then starts
 //! over: fresh slots from index 0, at a generation above every one used before. See the
-//! release protocol in the slot table's documentation (`engine/slot.rs`, "Giving memory
-//! back"); in short:
+//! reclaim protocol of the slot table (`engine/slot/reclaim.rs`); in short:
 //!
 //! | invariant | kept by |
 //! |-----------|---------|

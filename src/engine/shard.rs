@@ -5,7 +5,7 @@ use super::executor::{drop_contained, drop_uncounted};
 use super::handle::TimerHandle;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
-use super::slot::{FireOutcome, RELEASE_ABOVE, Release, RunEnd, Slot, SlotTable};
+use super::slot::{FireOutcome, RECLAIM_ABOVE, Reclaim, RunEnd, Slot, SlotTable};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::{LocalLateness, ShardCounters};
@@ -439,7 +439,7 @@ impl ShardCore {
                 // Checked against the slot as it is now: a repeating timer cancelled during a
                 // run may have been ended by its `Rearm` already, and the entry table given
                 // back since (see "Who counts a timer's end" in `slot.rs`).
-                if !self.shared.slots.cancel_pending_release(index, generation) {
+                if !self.shared.slots.cancel_awaits_let_go(index, generation) {
                     return;
                 }
                 let has_task = self
@@ -459,7 +459,7 @@ impl ShardCore {
                 if let Some(task) = self.entries.0[index as usize].task.take() {
                     self.live -= 1;
                     handoff.dropped.push(task);
-                    self.shared.slots.release_by_shard(index);
+                    self.shared.slots.let_go(index);
                 }
             }
             Message::Relocate { index, generation } => {
@@ -646,18 +646,18 @@ impl ShardCore {
     /// are still running.
     ///
     /// The slot table can be released only once every slot is free, that is once every handle
-    /// of its timers is gone ([`SlotTable::try_release`]). While some are held, the shard tries
+    /// of its timers is gone ([`SlotTable::try_reclaim`]). While some are held, the shard tries
     /// again after 20 ms, 40 ms, ... up to [`RELEASE_RETRY_MAX`], walking the free list again
     /// only if it changed; once it has not changed for a whole longest wait, the shard stops
     /// (an idle engine must not wake forever), until a later turn finds it changed.
     pub(crate) fn release_idle_memory(&mut self, now_tick: u64) {
-        /// An entry table this small is kept. No larger than `RELEASE_ABOVE`: `slots_seen`
+        /// An entry table this small is kept. No larger than `RECLAIM_ABOVE`: `slots_seen`
         /// grows only when a `Schedule` grows the entry table, so after a release, a table
-        /// that kept up to `KEEP` entries must still see every index above `RELEASE_ABOVE`.
+        /// that kept up to `KEEP` entries must still see every index above `RECLAIM_ABOVE`.
         /// Under loom none, so that a model sees the table given back (as `KEPT_PAGES` in
         /// `slot.rs`).
         const KEEP: usize = if cfg!(loom) { 0 } else { 4096 };
-        const { assert!(KEEP as u64 <= RELEASE_ABOVE) };
+        const { assert!(KEEP as u64 <= RECLAIM_ABOVE) };
         if self.live != 0 {
             self.release_at = u64::MAX;
             self.release_backoff = 0;
@@ -665,7 +665,7 @@ impl ShardCore {
             return;
         }
         let entries_held = self.entries.0.capacity() > KEEP;
-        let slots_held = self.slots_seen > RELEASE_ABOVE;
+        let slots_held = self.slots_seen > RECLAIM_ABOVE;
         if !entries_held && !slots_held {
             self.release_at = u64::MAX;
             return;
@@ -698,21 +698,21 @@ impl ShardCore {
         // How long the walk took, when there was one (it is O(slots), a cache miss a slot).
         let mut walk_nanos = 0;
         let outcome = match self.release_failed_head {
-            Some(head) if head == slots.free_head() => Release::Busy { head },
+            Some(head) if head == slots.free_head() => Reclaim::Busy { head },
             _ => {
                 let started = self.shared.clock.now_nanos();
-                let outcome = slots.try_release();
+                let outcome = slots.try_reclaim();
                 walk_nanos = self.shared.clock.now_nanos().saturating_sub(started);
                 outcome
             }
         };
         match outcome {
-            Release::Released | Release::Nothing => {
+            Reclaim::Reclaimed | Reclaim::Nothing => {
                 self.slots_seen = 0;
                 self.release_backoff = 0;
                 self.release_failed_head = None;
             }
-            Release::Busy { head } => {
+            Reclaim::Busy { head } => {
                 let unchanged = self.release_failed_head == Some(head);
                 self.release_failed_head = Some(head);
                 let longest = self.shared.clock.ticks_in(RELEASE_RETRY_MAX).max(1);
@@ -790,7 +790,7 @@ impl ShardCore {
                 handoff.dropped.push(task);
             }
             *entry = VACANT;
-            shared.slots.release_by_shard(index);
+            shared.slots.let_go(index);
         }
         self.wheel = WheelCore::new(1);
         self.flush_counters();
@@ -858,7 +858,7 @@ mod tests {
 
     #[test]
     fn idle_shard_retries_then_stops_and_resumes_when_a_handle_drops() {
-        let (mut core, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
+        let (mut core, held) = idle_shard_holding_one_handle(RECLAIM_ABOVE as usize + 10);
         core.release_idle_memory(0);
         assert_eq!(
             core.next_work(),
@@ -877,8 +877,8 @@ mod tests {
             "the entry table went at the first try"
         );
         assert_eq!(
-            core.shared.slots.try_release(),
-            Release::Busy {
+            core.shared.slots.try_reclaim(),
+            Reclaim::Busy {
                 head: core.shared.slots.free_head()
             }
         );
@@ -901,14 +901,14 @@ mod tests {
 
     #[test]
     fn idle_shard_releases_everything_in_one_turn() {
-        let (mut core, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
+        let (mut core, held) = idle_shard_holding_one_handle(RECLAIM_ABOVE as usize + 10);
         drop(held);
         core.release_idle_memory(0);
         let (wakes, _) = run_housekeeping(&mut core, 0);
         assert_eq!(wakes, 1);
         assert_eq!(core.entries.0.capacity(), 0);
         assert_eq!(core.slots_seen, 0);
-        assert_eq!(core.shared.slots.try_release(), Release::Nothing);
+        assert_eq!(core.shared.slots.try_reclaim(), Reclaim::Nothing);
         // Idle with nothing left to give back: no wake-up is planned.
         core.release_idle_memory(1000);
         assert_eq!(core.next_work(), None);
