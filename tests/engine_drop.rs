@@ -2,7 +2,6 @@
 //! and no shard thread is left. The tests of this file count the process's threads by name,
 //! so they run one at a time.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{Clock, Executor, Timer, TimerHandle, TimerState};

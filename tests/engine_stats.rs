@@ -1,6 +1,5 @@
 //! Statistics (conservation, per-shard sums, pinning, lateness) and build errors.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::wheel::MAX_LEVELS;

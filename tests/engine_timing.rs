@@ -1,7 +1,6 @@
 //! When tasks run: never before their deadline, promptly after it; past, zero and infinite
 //! deadlines; `reset` moving deadlines later and earlier.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{Timer, TimerState};

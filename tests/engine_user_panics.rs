@@ -7,7 +7,6 @@
 //! Scenarios that aborted the process before the fix run in a child process (this test binary
 //! run again with `CHILD_SCENARIO` set), whose exit status the parent checks.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{Clock, Executor, MissedTickBehavior, ScheduleError, Timer};
