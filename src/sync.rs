@@ -130,9 +130,10 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Runs a concurrency test: under `--cfg loom` as a loom model exploring every interleaving
-/// (within `LOOM_MAX_PREEMPTIONS`), otherwise once as a plain test. Public only under loom (for
-/// `loom-tests`); unused by the crate's own tests otherwise.
-#[cfg_attr(not(loom), allow(dead_code))]
+/// (within `LOOM_MAX_PREEMPTIONS`), otherwise once as a plain test. For models inside the crate;
+/// the `loom-tests` crate has its own `loom_tests::model` (the same `loom::model` call), so this
+/// module stays private.
+#[allow(dead_code)] // No model inside the crate uses it yet.
 pub fn model<F>(test: F)
 where
     F: Fn() + Sync + Send + 'static,
