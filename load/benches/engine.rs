@@ -9,7 +9,7 @@
 //! * `storm` (W2 in miniature): T threads schedule [`STORM_TIMERS`] timers in total, due
 //!   uniformly in [20 ms, 50 ms] after the threads start; one iteration is one storm, timed
 //!   from the start until the last task has run (its throughput is `STORM_TIMERS` elements, so
-//!   it is bounded by `STORM_TIMERS / 50 ms` = 4 M/s however fast the engine).
+//!   it is bounded by `STORM_TIMERS / 50 ms` however fast the engine).
 //! * `reset` (W5): each thread owns [`RESET_POOL`] pending timers (30 s delays) and, per
 //!   element, pushes a random one of them back to now + 30 s.
 //!
