@@ -9,12 +9,12 @@
 
 mod support;
 
-use shardwheel::{Clock, Executor, MissedTickBehavior, ScheduleError, Timer};
+use shardwheel::{Executor, MissedTickBehavior, ScheduleError, Timer};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
-use support::{counter, get, quiet_intentional_panics, wait_until};
+use support::{counter, get, manual_timer, quiet_intentional_panics, wait_until};
 
 /// Panics when dropped.
 struct PanicOnDrop;
@@ -167,13 +167,7 @@ fn repeating_task_cancelled_while_running_whose_drop_panics() {
 #[test]
 fn manual_clock_drops_panicking_tasks_contained() {
     quiet_intentional_panics();
-    let clock = Clock::manual();
-    let timer = Timer::builder()
-        .shards(1)
-        .executor(Executor::Inline)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (clock, timer) = manual_timer(1, Duration::from_millis(1));
     let guard = PanicOnDrop;
     let handle = timer
         .schedule(Duration::from_secs(60), move || drop(guard))

@@ -85,6 +85,26 @@ pub fn manual_timer(shards: usize, tick: Duration) -> (Clock, Timer) {
     (clock, timer)
 }
 
+/// Schedules on `timer`, `delay` from now, a task that counts itself in `ran`, and in `early`
+/// if it runs before `Instant::now()` (read just before the schedule) plus `delay`.
+pub fn schedule_watching_for_early(
+    timer: &Timer,
+    delay: Duration,
+    ran: &Arc<AtomicUsize>,
+    early: &Arc<AtomicUsize>,
+) {
+    let (ran, early) = (ran.clone(), early.clone());
+    let before = Instant::now();
+    timer
+        .schedule(delay, move || {
+            if Instant::now() < before + delay {
+                early.fetch_add(1, Ordering::SeqCst);
+            }
+            ran.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+}
+
 /// The counters that any use of a timer moves: (scheduled, cancelled, fired, reset). Compare
 /// them before and after to show that something never touched the engine.
 pub fn use_counters(stats: &Stats) -> (u64, u64, u64, u64) {
