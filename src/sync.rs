@@ -73,7 +73,7 @@ impl<T> Queue<T> {
 /// Dekker's protocol (store, then load the other side's word) needs store-load ordering on
 /// both sides: each side's write must be globally visible before its read. Both sides in this
 /// crate (a lazy reset's `swap` of the deadline, the shard's compare-and-swap taking the
-/// deadline lock, see `engine/slot.rs`) write with a read-modify-write, and go through the two
+/// deadline lock, see `engine/slot/`) write with a read-modify-write, and go through the two
 /// functions below, which glue the fence to the read-modify-write: there is no free-standing
 /// fence that a plain `store` could be put in front of.
 ///

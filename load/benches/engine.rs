@@ -336,8 +336,8 @@ impl Shardwheel {
             .collect()
     }
 
-    /// One fresh sentinel per shard. A thread's home shard is one pinned to the CPU it first
-    /// schedules from (else round-robin): new threads, each pinned to the next core, schedule
+    /// One fresh sentinel per shard. A thread's home shard prefers one pinned to the CPU it
+    /// first schedules from (the policy: `src/engine/placement.rs`): new threads, each pinned to the next core, schedule
     /// one sentinel each until every shard has one (the per-shard `scheduled` counters say where
     /// each went).
     fn arm_sentinels(&self) -> Vec<TimerHandle> {
