@@ -8,7 +8,7 @@
 //! instruction has finished, including loads that miss the cache. A thread that resets random
 //! timers among a million misses the cache twice per reset (its handle, then the timer's slot);
 //! the ordered clock read keeps one reset's misses from overlapping the next one's, and so costs
-//! far more than its own 25 ns. The unordered `rdtsc` costs 10 ns and waits for nothing.
+//! far more than the read itself. The unordered `rdtsc` is cheaper still and waits for nothing.
 //!
 //! # Contract
 //!

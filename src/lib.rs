@@ -49,12 +49,6 @@ mod futures;
 mod hyper_timer;
 mod periodic;
 mod stats;
-/// The std/loom switch: internal, public under `--cfg loom` only, for the loom models'
-/// `sync::model`.
-#[cfg(loom)]
-#[doc(hidden)]
-pub mod sync;
-#[cfg(not(loom))]
 mod sync;
 mod task;
 mod timer;

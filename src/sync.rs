@@ -73,7 +73,7 @@ impl<T> Queue<T> {
 /// Dekker's protocol (store, then load the other side's word) needs store-load ordering on
 /// both sides: each side's write must be globally visible before its read. Both sides in this
 /// crate (a lazy reset's `swap` of the deadline, the shard's compare-and-swap taking the
-/// deadline lock, see `engine/slot.rs`) write with a read-modify-write, and go through the two
+/// deadline lock, see `engine/slot/`) write with a read-modify-write, and go through the two
 /// functions below, which glue the fence to the read-modify-write: there is no free-standing
 /// fence that a plain `store` could be put in front of.
 ///
@@ -130,9 +130,10 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// Runs a concurrency test: under `--cfg loom` as a loom model exploring every interleaving
-/// (within `LOOM_MAX_PREEMPTIONS`), otherwise once as a plain test. Public only under loom (for
-/// `loom-tests`); unused by the crate's own tests otherwise.
-#[cfg_attr(not(loom), allow(dead_code))]
+/// (within `LOOM_MAX_PREEMPTIONS`), otherwise once as a plain test. For models inside the crate;
+/// the `loom-tests` crate has its own `loom_tests::model` (the same `loom::model` call), so this
+/// module stays private.
+#[allow(dead_code)] // No model inside the crate uses it yet.
 pub fn model<F>(test: F)
 where
     F: Fn() + Sync + Send + 'static,

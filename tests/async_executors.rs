@@ -2,7 +2,6 @@
 //! `futures::executor::block_on`), waker changes (a `Sleep` moved between tasks wakes the
 //! latest one), and wake-ups that run inline on the shard thread, not on the executor pool.
 
-#[path = "async_support.rs"]
 mod support;
 
 use shardwheel::{Executor, Sleep, Timer};
@@ -12,11 +11,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use support::{Rng, counting_waker, poll_once, wait_until};
-
-fn timer() -> Timer {
-    Timer::builder().shards(2).build().expect("build timer")
-}
+use support::{Rng, counting_waker, poll_once, timer, wait_until};
 
 /// Sleeps, sleeps until, timeouts that elapse and timeouts that do not; every completion is
 /// checked against an instant taken before the future was created.
@@ -49,7 +44,7 @@ const TASKS: u64 = 24;
 
 #[test]
 fn futures_run_under_tokio_current_thread_runtime() {
-    let timer = timer();
+    let timer = timer(2);
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
@@ -68,7 +63,7 @@ fn futures_run_under_tokio_current_thread_runtime() {
 
 #[test]
 fn futures_run_under_tokio_multi_thread_runtime() {
-    let timer = timer();
+    let timer = timer(2);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .build()
@@ -88,7 +83,7 @@ fn futures_run_under_tokio_multi_thread_runtime() {
 
 #[test]
 fn futures_run_under_futures_block_on() {
-    let timer = timer();
+    let timer = timer(2);
     let started = Instant::now();
     futures::executor::block_on(futures::future::join_all(
         (0..TASKS).map(|seed| scenario(timer.clone(), seed)),
@@ -103,7 +98,7 @@ fn futures_run_under_futures_block_on() {
 
 #[test]
 fn a_sleep_wakes_the_waker_of_its_latest_poll() {
-    let timer = timer();
+    let timer = timer(2);
     let (first, first_waker) = counting_waker();
     let (second, second_waker) = counting_waker();
     let before = Instant::now();
@@ -121,7 +116,7 @@ fn a_sleep_wakes_the_waker_of_its_latest_poll() {
 
 #[test]
 fn a_sleep_moved_to_another_thread_wakes_that_thread() {
-    let timer = timer();
+    let timer = timer(2);
     let (first, first_waker) = counting_waker();
     let mut sleep = timer.sleep(Duration::from_millis(15));
     assert!(poll_once(&mut sleep, &first_waker).is_pending());
@@ -140,7 +135,7 @@ fn a_sleep_moved_to_another_thread_wakes_that_thread() {
 /// Task one polls the sleep once (registering its waker), then hands it to task two, which
 /// awaits it: only task two's waker can complete it. A lost wake-up shows as a timeout.
 fn hand_a_sleep_between_tokio_tasks(runtime: tokio::runtime::Runtime) {
-    let timer = timer();
+    let timer = timer(2);
     let handed_pending = runtime.block_on(async {
         let mut handed_pending = 0;
         for round in 0..20u64 {
@@ -208,7 +203,7 @@ fn a_sleep_handed_between_tokio_tasks_wakes_the_new_task_current_thread() {
 /// Whenever the last poll returned Pending, the waker it registered must be woken.
 #[test]
 fn waker_changes_racing_the_deadline_never_lose_the_wake_up() {
-    let timer = timer();
+    let timer = timer(2);
     let mut rng = Rng::new(7);
     let mut raced = 0;
     for _ in 0..300 {

@@ -4,7 +4,6 @@
 //! completion, and what a sleep does when the engine cannot keep its timer (panics; the `try_`
 //! constructor and `poll_sleep` report the error).
 
-#[path = "async_support.rs"]
 mod support;
 
 use futures::executor::block_on;
@@ -13,11 +12,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, Instant};
-use support::{counting_waker, poll_noop, poll_once, wait_until};
-
-fn timer() -> Timer {
-    Timer::builder().shards(2).build().expect("build timer")
-}
+use support::{counting_waker, poll_noop, poll_once, timer, use_counters, wait_until};
 
 /// Compile-time checks: these only build if the bounds hold.
 fn assert_send<T: Send>() {}
@@ -32,7 +27,7 @@ fn sleep_is_send_sync_unpin_and_outputs_unit() {
     assert_unpin::<Sleep>();
     assert_send::<Timeout<std::future::Pending<()>>>();
     assert_send::<Interval>();
-    let timer = timer();
+    let timer = timer(2);
     let sleep = timer.sleep(Duration::from_millis(1));
     assert_future::<_, ()>(&sleep);
     let until = timer.sleep_until(Instant::now());
@@ -44,7 +39,7 @@ fn sleep_is_send_sync_unpin_and_outputs_unit() {
 
 #[test]
 fn sleep_completes_and_is_never_early() {
-    let timer = timer();
+    let timer = timer(2);
     for millis in [0u64, 1, 2, 5, 13, 30] {
         let delay = Duration::from_millis(millis);
         let before = Instant::now();
@@ -62,7 +57,7 @@ fn sleep_completes_and_is_never_early() {
 
 #[test]
 fn sleep_until_is_never_early_and_a_passed_deadline_completes() {
-    let timer = timer();
+    let timer = timer(2);
     let deadline = Instant::now() + Duration::from_millis(25);
     let mut sleep = timer.sleep_until(deadline);
     assert_eq!(sleep.deadline(), deadline);
@@ -81,7 +76,7 @@ fn sleep_until_is_never_early_and_a_passed_deadline_completes() {
 
 #[test]
 fn many_concurrent_sleeps_each_complete_never_early() {
-    let timer = timer();
+    let timer = timer(2);
     let threads: Vec<_> = (0..8u64)
         .map(|thread| {
             let timer = timer.clone();
@@ -103,7 +98,7 @@ fn many_concurrent_sleeps_each_complete_never_early() {
 
 #[test]
 fn a_sleep_beyond_representable_time_stays_pending() {
-    let timer = timer();
+    let timer = timer(2);
     let mut sleep = timer.sleep(Duration::MAX);
     assert!(poll_noop(&mut sleep).is_pending());
     assert_eq!(timer.pending(), 1);
@@ -114,7 +109,7 @@ fn a_sleep_beyond_representable_time_stays_pending() {
 #[test]
 fn dropping_pending_sleeps_cancels_their_timers_and_releases_them_at_once() {
     const SLEEPS: usize = 100_000;
-    let timer = timer();
+    let timer = timer(2);
     let (counter, waker) = counting_waker();
     let before = timer.stats();
     let mut sleeps: Vec<Sleep> = (0..SLEEPS)
@@ -160,7 +155,7 @@ fn dropping_pending_sleeps_cancels_their_timers_and_releases_them_at_once() {
 /// unpolled sleep costs the engine nothing, and neither does its drop.
 #[test]
 fn an_unpolled_sleep_never_touches_the_engine() {
-    let timer = timer();
+    let timer = timer(2);
     let before = timer.stats();
     let sleeps: Vec<Sleep> = (0..1000)
         .map(|_| timer.sleep(Duration::from_secs(60)))
@@ -168,15 +163,7 @@ fn an_unpolled_sleep_never_touches_the_engine() {
     assert_eq!(timer.pending(), 0);
     drop(sleeps);
     let after = timer.stats();
-    assert_eq!(
-        (after.scheduled, after.cancelled, after.fired, after.reset),
-        (
-            before.scheduled,
-            before.cancelled,
-            before.fired,
-            before.reset
-        )
-    );
+    assert_eq!(use_counters(&after), use_counters(&before));
     // A sleep first polled after its deadline completes without a timer.
     let mut late = timer.sleep(Duration::from_millis(2));
     std::thread::sleep(Duration::from_millis(5));
@@ -193,7 +180,7 @@ fn an_unpolled_sleep_never_touches_the_engine() {
 
 #[test]
 fn dropping_a_completed_sleep_cancels_nothing() {
-    let timer = timer();
+    let timer = timer(2);
     let mut sleep = timer.sleep(Duration::from_millis(2));
     block_on(&mut sleep);
     drop(sleep);
@@ -205,7 +192,7 @@ fn dropping_a_completed_sleep_cancels_nothing() {
 
 #[test]
 fn reset_moves_the_deadline_earlier() {
-    let timer = timer();
+    let timer = timer(2);
     let mut sleep = timer.sleep(Duration::from_secs(30));
     let reset_at = Instant::now();
     let deadline = reset_at + Duration::from_millis(20);
@@ -231,7 +218,7 @@ fn reset_moves_the_deadline_earlier() {
 
 #[test]
 fn reset_moves_the_deadline_later() {
-    let timer = timer();
+    let timer = timer(2);
     let start = Instant::now();
     let mut sleep = timer.sleep(Duration::from_millis(10));
     assert!(poll_noop(&mut sleep).is_pending());
@@ -248,7 +235,7 @@ fn reset_moves_the_deadline_later() {
 
 #[test]
 fn reset_after_completion_arms_the_sleep_again() {
-    let timer = timer();
+    let timer = timer(2);
     let mut sleep = timer.sleep(Duration::from_millis(5));
     block_on(&mut sleep);
     assert!(sleep.is_elapsed());
@@ -279,7 +266,7 @@ async fn poll_in_task(sleep: &mut Sleep) -> Poll<()> {
 /// would wake the old task); under the same task's waker it keeps it.
 #[test]
 fn a_poll_under_another_waker_replaces_the_timer() {
-    let timer = timer();
+    let timer = timer(2);
     let (first, first_waker) = counting_waker();
     let (second, second_waker) = counting_waker();
     let mut sleep = timer.sleep(Duration::from_millis(30));
@@ -317,7 +304,7 @@ fn panic_message(run: impl FnOnce()) -> String {
 #[test]
 fn sleep_on_a_shut_down_timer_panics_and_the_fallible_forms_report_it() {
     support::quiet_intentional_panics();
-    let timer = timer();
+    let timer = timer(2);
     timer.shutdown();
     // Making a sleep is fine (lazy); polling it panics, naming the error.
     let message = panic_message(|| block_on(timer.sleep(Duration::from_millis(1))));
@@ -376,7 +363,7 @@ fn a_sleep_that_cannot_get_a_timer_reports_full() {
 /// forever.
 #[test]
 fn shutdown_wakes_a_task_awaiting_a_sleep() {
-    let timer = timer();
+    let timer = timer(2);
     let mut sleep = timer.sleep(Duration::from_secs(60));
     let (sender, receiver) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

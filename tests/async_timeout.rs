@@ -1,24 +1,19 @@
 //! `Timer::timeout` / `Timer::timeout_at`: `Result<T, Elapsed>`, never early, lazy (a future
 //! ready at its first poll costs no timer), and dropping a pending `Timeout` cancels its timer.
 
-#[path = "async_support.rs"]
 mod support;
 
 use futures::executor::block_on;
-use shardwheel::{Elapsed, Timeout, Timer};
+use shardwheel::{Elapsed, Timeout};
 use std::future::{pending, ready};
 use std::time::{Duration, Instant};
-use support::{poll_noop, wait_until};
-
-fn timer() -> Timer {
-    Timer::builder().shards(2).build().expect("build timer")
-}
+use support::{poll_noop, timer, use_counters, wait_until};
 
 fn assert_error<E: std::error::Error + Send + Sync + 'static>(_: &E) {}
 
 #[test]
 fn elapsed_is_a_std_error() {
-    let timer = timer();
+    let timer = timer(2);
     let result: Result<(), Elapsed> = block_on(timer.timeout(Duration::from_millis(1), pending()));
     let error = result.unwrap_err();
     assert_error(&error);
@@ -28,7 +23,7 @@ fn elapsed_is_a_std_error() {
 
 #[test]
 fn the_output_is_returned_when_the_future_wins() {
-    let timer = timer();
+    let timer = timer(2);
     let result: Result<u32, Elapsed> = block_on(timer.timeout(Duration::from_secs(10), ready(7)));
     assert_eq!(result, Ok(7));
     // A slower future that still beats the deadline: a shorter sleep.
@@ -46,7 +41,7 @@ fn the_output_is_returned_when_the_future_wins() {
 
 #[test]
 fn the_deadline_elapses_never_early() {
-    let timer = timer();
+    let timer = timer(2);
     for millis in [1u64, 5, 20] {
         let delay = Duration::from_millis(millis);
         let before = Instant::now();
@@ -62,7 +57,7 @@ fn the_deadline_elapses_never_early() {
 
 #[test]
 fn timeout_at_uses_an_absolute_deadline() {
-    let timer = timer();
+    let timer = timer(2);
     let deadline = Instant::now() + Duration::from_millis(30);
     let result = block_on(timer.timeout_at(deadline, pending::<()>()));
     assert!(result.is_err());
@@ -78,7 +73,7 @@ fn timeout_at_uses_an_absolute_deadline() {
 
 #[test]
 fn a_slow_inner_future_loses_to_the_deadline() {
-    let timer = timer();
+    let timer = timer(2);
     let before = Instant::now();
     let slow = timer.sleep(Duration::from_secs(20));
     let result = block_on(timer.timeout(Duration::from_millis(15), slow));
@@ -94,7 +89,7 @@ fn a_slow_inner_future_loses_to_the_deadline() {
 
 #[test]
 fn dropping_a_pending_timeout_cancels_its_timer() {
-    let timer = timer();
+    let timer = timer(2);
     let mut timeouts: Vec<Timeout<std::future::Pending<()>>> = (0..1000)
         .map(|_| timer.timeout(Duration::from_secs(60), pending()))
         .collect();
@@ -110,7 +105,7 @@ fn dropping_a_pending_timeout_cancels_its_timer() {
 
 #[test]
 fn into_inner_gives_the_future_back_and_cancels_the_deadline() {
-    let timer = timer();
+    let timer = timer(2);
     let mut timeout = timer.timeout(Duration::from_secs(60), pending::<()>());
     assert!(poll_noop(&mut timeout).is_pending());
     assert_eq!(timer.pending(), 1);
@@ -128,7 +123,7 @@ fn into_inner_gives_the_future_back_and_cancels_the_deadline() {
 /// the engine (no schedule, no cancel), and so does a never-polled timeout's drop.
 #[test]
 fn a_timeout_ready_at_its_first_poll_leaves_the_engine_untouched() {
-    let timer = timer();
+    let timer = timer(2);
     let before = timer.stats();
     for round in 0..1000u32 {
         assert_eq!(
@@ -144,13 +139,8 @@ fn a_timeout_ready_at_its_first_poll_leaves_the_engine_untouched() {
     }
     let after = timer.stats();
     assert_eq!(
-        (after.scheduled, after.cancelled, after.fired, after.reset),
-        (
-            before.scheduled,
-            before.cancelled,
-            before.fired,
-            before.reset
-        ),
+        use_counters(&after),
+        use_counters(&before),
         "a ready-at-first-poll timeout touched the engine"
     );
     assert_eq!(timer.pending(), 0);

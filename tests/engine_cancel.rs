@@ -2,21 +2,13 @@
 //! expiry from another thread; `state()`; cancelled tasks are released promptly; handles of
 //! one timer never touch another's; handles outliving their engine are harmless.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{Executor, Timer, TimerHandle, TimerState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, mpsc};
 use std::time::{Duration, Instant};
-use support::{DropCounter, Rng, counter, get, wait_until};
-
-fn timer(shards: usize) -> Timer {
-    Timer::builder()
-        .shards(shards)
-        .build()
-        .expect("build timer")
-}
+use support::{DropCounter, Rng, counter, get, timer, wait_until};
 
 fn counters(n: usize) -> Arc<Vec<AtomicUsize>> {
     Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect())

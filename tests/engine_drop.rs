@@ -2,14 +2,15 @@
 //! and no shard thread is left. The tests of this file count the process's threads by name,
 //! so they run one at a time.
 
-#[path = "engine_support.rs"]
 mod support;
 
-use shardwheel::{Clock, Executor, Timer, TimerHandle, TimerState};
+use shardwheel::{Executor, Timer, TimerHandle, TimerState};
 use std::sync::atomic::Ordering;
 use std::sync::{Mutex, MutexGuard, mpsc};
 use std::time::Duration;
-use support::{DropCounter, EXEC_THREAD, SHARD_THREAD, counter, get, threads_named, wait_until};
+use support::{
+    DropCounter, EXEC_THREAD, SHARD_THREAD, counter, get, manual_timer, threads_named, wait_until,
+};
 
 static THREADS: Mutex<()> = Mutex::new(());
 
@@ -176,13 +177,7 @@ fn last_clone_dropped_inside_the_engine() {
 fn manual_clock_engine_has_no_threads() {
     let _serial = serial();
     assert_no_engine_threads("before");
-    let clock = Clock::manual();
-    let timer = Timer::builder()
-        .shards(4)
-        .executor(Executor::Inline)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (clock, timer) = manual_timer(4, Duration::from_millis(1));
     std::thread::sleep(Duration::from_millis(20));
     assert_eq!(threads_named(SHARD_THREAD), 0);
     let drops = counter();

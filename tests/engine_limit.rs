@@ -1,7 +1,6 @@
 //! `max_pending(n)`: scheduling past n fails with `ScheduleError::Full`, a place frees up at
 //! once on cancel or expiry, and under concurrency the pending count never exceeds n.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{ScheduleError, Timer, TimerHandle};

@@ -2,7 +2,6 @@
 //! cancel + schedule does not grow the resident set beyond a small bound after the fill.
 //! These tests read the process's resident set, so they run one at a time.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{Timer, TimerHandle};

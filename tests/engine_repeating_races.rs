@@ -5,7 +5,6 @@
 //! Each test drives a one-shard engine by hand (manual clock, inline executor), so every
 //! interleaving below is deterministic.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{Clock, Executor, MissedTickBehavior, Timer, TimerHandle, TimerState};

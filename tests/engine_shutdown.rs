@@ -2,22 +2,13 @@
 //! deadlock; stops new schedules; returns exactly the timers that neither ran nor were
 //! cancelled, with their tasks unrun; their handles then report Cancelled.
 
-#[path = "engine_support.rs"]
 mod support;
 
-use shardwheel::{Executor, ScheduleError, Timer, TimerHandle, TimerState, UnfiredTimer};
+use shardwheel::{Executor, ScheduleError, TimerHandle, TimerState, UnfiredTimer};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex, mpsc};
 use std::time::{Duration, Instant};
-use support::{DropCounter, Rng, counter, get, wait_until};
-
-fn build(executor: &Executor) -> Timer {
-    Timer::builder()
-        .shards(2)
-        .executor(executor.clone())
-        .build()
-        .expect("build timer")
-}
+use support::{DropCounter, Rng, counter, get, timer_on, wait_until};
 
 fn ids(n: usize) -> Arc<Vec<AtomicUsize>> {
     Arc::new((0..n).map(|_| AtomicUsize::new(0)).collect())
@@ -28,7 +19,7 @@ fn ids(n: usize) -> Arc<Vec<AtomicUsize>> {
 /// task dropped unrun); a second shutdown returns nothing.
 #[test]
 fn returns_unfired_timers_and_stops_schedules() {
-    let timer = build(&Executor::DefaultPool);
+    let timer = timer_on(&Executor::DefaultPool);
     let runs = ids(100);
     let mut handles = Vec::new();
     let start = Instant::now();
@@ -118,7 +109,7 @@ fn returns_unfired_timers_and_stops_schedules() {
 #[test]
 fn concurrent_shutdowns_split_the_timers() {
     for round in 0..50 {
-        let timer = build(&Executor::DefaultPool);
+        let timer = timer_on(&Executor::DefaultPool);
         const TIMERS: usize = 50;
         let runs = ids(TIMERS);
         let handles: Vec<TimerHandle> = (0..TIMERS)
@@ -170,7 +161,7 @@ fn concurrent_shutdowns_split_the_timers() {
 fn shutdown_from_inside_a_task() {
     for executor in [Executor::DefaultPool, Executor::Inline] {
         for round in 0..30 {
-            let timer = build(&executor);
+            let timer = timer_on(&executor);
             let (sender, receiver) = mpsc::channel::<Vec<UnfiredTimer>>();
             let long_runs = counter();
             let mut long_handles = Vec::new();
@@ -286,7 +277,7 @@ struct RaceOutcome {
 /// (its task never runs and is dropped by the time `shutdown()` has returned) or succeeded
 /// and its timer is among those shutdown returned; nothing is lost or duplicated.
 fn race_schedules_with_shutdown(round: usize) -> RaceOutcome {
-    let timer = build(&Executor::DefaultPool);
+    let timer = timer_on(&Executor::DefaultPool);
     const THREADS: usize = 2;
     const CAP: usize = 100_000;
     let runs = ids(THREADS * CAP);
@@ -391,7 +382,7 @@ fn shutdown_racing_schedules() {
 fn shutdown_racing_cancels_and_resets() {
     let mut rng = Rng::new(17);
     for round in 0..150 {
-        let timer = build(&Executor::DefaultPool);
+        let timer = timer_on(&Executor::DefaultPool);
         const TIMERS: usize = 600;
         let runs = ids(TIMERS);
         let handles: Vec<TimerHandle> = (0..TIMERS)

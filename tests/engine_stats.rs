@@ -1,14 +1,13 @@
 //! Statistics (conservation, per-shard sums, pinning, lateness) and build errors.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::wheel::MAX_LEVELS;
 use shardwheel::{BuildError, Executor, Stats, Timer, TimerHandle};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use support::{Rng, counter, get, wait_until};
+use std::time::Duration;
+use support::{Rng, counter, get, schedule_watching_for_early, wait_until};
 
 /// Totals equal the sums of the per-shard counters, field by field.
 fn assert_shards_sum_to_totals(stats: &Stats) {
@@ -289,16 +288,7 @@ fn one_level_wheel_and_coarse_tick() {
         for i in 0..60u64 {
             // 1 to 180 ms: well beyond a 64-tick level.
             let delay = Duration::from_millis(1 + 3 * i);
-            let before = Instant::now();
-            let (early, ran) = (early.clone(), ran.clone());
-            timer
-                .schedule(delay, move || {
-                    if Instant::now() < before + delay {
-                        early.fetch_add(1, Ordering::SeqCst);
-                    }
-                    ran.fetch_add(1, Ordering::SeqCst);
-                })
-                .unwrap();
+            schedule_watching_for_early(&timer, delay, &ran, &early);
         }
         assert!(
             wait_until(Duration::from_secs(3), || get(&ran) == 60),

@@ -4,7 +4,6 @@
 //! task ran at most once and never before its deadline, and no task whose `cancel()`
 //! returned true ever ran.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{Timer, TimerHandle};

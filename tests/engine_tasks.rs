@@ -1,25 +1,16 @@
 //! What tasks may do: schedule, cancel and reset from inside a task (holding a `Timer` clone),
 //! and panic (caught, counted, the engine keeps going), with the default pool and inline.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{Executor, Timer, TimerHandle, TimerState};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
-use support::{counter, get, quiet_intentional_panics, wait_until};
+use support::{counter, get, quiet_intentional_panics, timer_on, wait_until};
 
 fn executors() -> [Executor; 2] {
     [Executor::DefaultPool, Executor::Inline]
-}
-
-fn build(executor: &Executor) -> Timer {
-    Timer::builder()
-        .shards(2)
-        .executor(executor.clone())
-        .build()
-        .expect("build timer")
 }
 
 /// A task reschedules itself (a heartbeat) through a `Timer` clone: a chain of 50 runs, each
@@ -44,7 +35,7 @@ fn schedule_from_inside_a_task() {
             .expect("schedule from inside a task");
     }
     for executor in executors() {
-        let timer = build(&executor);
+        let timer = timer_on(&executor);
         let early = Arc::new(Mutex::new(Vec::new()));
         let (sender, receiver) = mpsc::channel();
         // Two chains, so both shards and several threads are involved.
@@ -70,7 +61,7 @@ fn schedule_from_inside_a_task() {
 #[test]
 fn cancel_and_reset_from_inside_a_task() {
     for executor in executors() {
-        let timer = build(&executor);
+        let timer = timer_on(&executor);
         let victim = timer
             .schedule(Duration::from_millis(20), || panic!("victim ran"))
             .unwrap();
@@ -120,7 +111,7 @@ fn cancel_and_reset_from_inside_a_task() {
 fn panicking_tasks_are_caught_and_counted() {
     quiet_intentional_panics();
     for executor in executors() {
-        let timer = build(&executor);
+        let timer = timer_on(&executor);
         let ran = counter();
         for i in 0..40u64 {
             let ran = ran.clone();
@@ -178,7 +169,7 @@ fn panicking_tasks_are_caught_and_counted() {
 fn panic_after_scheduling_from_inside() {
     quiet_intentional_panics();
     for executor in executors() {
-        let timer = build(&executor);
+        let timer = timer_on(&executor);
         let (sender, receiver) = mpsc::channel();
         let clone = timer.clone();
         timer

@@ -1,7 +1,6 @@
 //! When tasks run: never before their deadline, promptly after it; past, zero and infinite
 //! deadlines; `reset` moving deadlines later and earlier.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{Timer, TimerState};
@@ -9,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{Rng, counter, get, quantile, wait_until};
+use support::{Rng, counter, get, quantile, schedule_watching_for_early, wait_until};
 
 /// The tests of this file measure time: they run one at a time, so that they do not load the
 /// machine under each other.
@@ -112,17 +111,7 @@ fn never_early_with_sub_tick_delays() {
     for _round in 0..10 {
         for _ in 0..100 {
             let delay = Duration::from_micros(rng.below(3000));
-            let early = early.clone();
-            let ran = ran.clone();
-            let before = Instant::now();
-            timer
-                .schedule(delay, move || {
-                    if Instant::now() < before + delay {
-                        early.fetch_add(1, Ordering::SeqCst);
-                    }
-                    ran.fetch_add(1, Ordering::SeqCst);
-                })
-                .unwrap();
+            schedule_watching_for_early(&timer, delay, &ran, &early);
             total += 1;
         }
         std::thread::sleep(Duration::from_micros(rng.below(2000)));

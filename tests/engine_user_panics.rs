@@ -7,17 +7,16 @@
 //! Scenarios that aborted the process before the fix run in a child process (this test binary
 //! run again with `CHILD_SCENARIO` set), whose exit status the parent checks.
 
-#[path = "engine_support.rs"]
 mod support;
 
 #[cfg(debug_assertions)]
 use shardwheel::ScheduleError;
-use shardwheel::{Clock, Executor, MissedTickBehavior, Timer};
+use shardwheel::{Executor, MissedTickBehavior, Timer};
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::task::{Context, Wake, Waker};
 use std::time::Duration;
-use support::{counter, get, quiet_intentional_panics, wait_until};
+use support::{counter, get, manual_timer, quiet_intentional_panics, wait_until};
 
 /// Panics when dropped.
 struct PanicOnDrop;
@@ -170,13 +169,7 @@ fn repeating_task_cancelled_while_running_whose_drop_panics() {
 #[test]
 fn manual_clock_drops_panicking_tasks_contained() {
     quiet_intentional_panics();
-    let clock = Clock::manual();
-    let timer = Timer::builder()
-        .shards(1)
-        .executor(Executor::Inline)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let (clock, timer) = manual_timer(1, Duration::from_millis(1));
     let guard = PanicOnDrop;
     let handle = timer
         .schedule(Duration::from_secs(60), move || drop(guard))

@@ -2,22 +2,23 @@
 //! on every wheel level (deadlines from 1 ns to 365 days, log-uniform, plus the level
 //! boundaries 64^k ms and their neighbours), each checked to run exactly at its tick.
 //!
-//! Two ways through the year:
+//! Three ways through the year:
 //! * stepping to 1 ms before each deadline tick, then 1 ms onto it: every timer must run on
 //!   the step onto its tick, with `clock.now()` (read inside the task) equal to its deadline
 //!   rounded up to the 1 ms tick, and none may run on the step before;
 //! * random steps of any length (1 ns to a day): every timer must run on the first step whose
-//!   tick reaches its deadline tick, no earlier and no later.
+//!   tick reaches its deadline tick, no earlier and no later;
+//! * jumping to one tick before each deadline, then onto it, with timers beyond the top level
+//!   and at `Duration::MAX`, some cancelled and some reset on the way.
 
-#[path = "async_support.rs"]
 mod support;
 
-use shardwheel::{Clock, Executor, Timer};
+use shardwheel::{Clock, Timer, TimerHandle, TimerState};
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::Rng;
+use support::{Rng, counter, get, manual_timer};
 
 const MS: u64 = 1_000_000;
 const DAY_MS: u64 = 86_400_000;
@@ -72,13 +73,7 @@ fn delays(rng: &mut Rng, count: usize, max_ms: u64) -> Vec<u64> {
 
 /// A manual clock, an inline timer on it, and room to record `capacity` timers.
 fn setup(capacity: usize) -> (Clock, Timer, Arc<Fired>) {
-    let clock = Clock::manual();
-    let timer = Timer::builder()
-        .clock(clock.clone())
-        .shards(2)
-        .executor(Executor::Inline)
-        .build()
-        .unwrap();
+    let (clock, timer) = manual_timer(2, Duration::from_millis(1));
     let fired = Arc::new(Fired {
         clock: clock.clone(),
         origin: clock.now(),
@@ -242,5 +237,120 @@ fn a_year_in_random_steps_fires_every_timer_on_the_first_step_reaching_its_tick(
     assert!(
         took < Duration::from_secs(30),
         "a simulated year took {took:?}"
+    );
+}
+
+/// A year of simulated time, 1 ms tick, default six levels: timers in every level (1 ms to a
+/// year), beyond the top level (3 years: overflow) and `Duration::MAX`, some cancelled and some
+/// reset. The clock jumps to one tick before each deadline (nothing due has not run, nothing
+/// has run early) and then onto it (it has run, at exactly that time).
+#[test]
+fn a_simulated_year_across_all_levels() {
+    let wall = Instant::now();
+    let (clock, timer) = manual_timer(2, Duration::from_millis(1));
+    let start = clock.now();
+    let ms = |instant: Instant| instant.duration_since(start).as_millis() as u64;
+    let mut rng = Rng::new(2024);
+    const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
+    // Delays spread over the levels: 64^level ticks and up, plus exact level boundaries.
+    let mut delays: Vec<u64> = Vec::new();
+    for level in 0..6u32 {
+        let low = 64u64.pow(level);
+        let high = (64u64.pow(level + 1)).min(YEAR_MS);
+        for _ in 0..150 {
+            delays.push(low + rng.below(high - low));
+        }
+        delays.extend([low, low + 1, low.saturating_sub(1).max(1), high - 1]);
+    }
+    delays.extend([YEAR_MS, YEAR_MS - 1]);
+    let fired_at: Arc<Mutex<Vec<Option<u64>>>> = Arc::new(Mutex::new(vec![None; delays.len()]));
+    let mut handles: Vec<TimerHandle> = Vec::new();
+    for (i, &delay) in delays.iter().enumerate() {
+        let (fired_at, clock_in_task) = (fired_at.clone(), clock.clone());
+        let handle = timer
+            .schedule(Duration::from_millis(delay), move || {
+                let now = clock_in_task.now().duration_since(start).as_millis() as u64;
+                let mut fired_at = fired_at.lock().unwrap();
+                assert!(fired_at[i].is_none(), "timer {i} ran twice");
+                fired_at[i] = Some(now);
+            })
+            .unwrap();
+        handles.push(handle);
+    }
+    // Beyond the year: 3 years (past the top level of 2^36 ms) and never.
+    let never = counter();
+    let mut beyond = Vec::new();
+    for delay in [Duration::from_secs(3 * 365 * 24 * 3600), Duration::MAX] {
+        let never = never.clone();
+        beyond.push(
+            timer
+                .schedule(delay, move || {
+                    never.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap(),
+        );
+    }
+    // Cancel every 7th, reset every 11th to a new random deadline (from now, at time 0).
+    let mut deadline: Vec<Option<u64>> = delays.iter().map(|&d| Some(d)).collect();
+    for i in (0..delays.len()).step_by(7) {
+        assert!(handles[i].cancel());
+        deadline[i] = None;
+    }
+    for i in (3..delays.len()).step_by(11) {
+        if deadline[i].is_some() {
+            let new = 1 + rng.below(YEAR_MS);
+            assert!(handles[i].reset(Duration::from_millis(new)));
+            deadline[i] = Some(new);
+        }
+    }
+    let mut stops: Vec<u64> = deadline
+        .iter()
+        .flatten()
+        .flat_map(|&d| [d - 1, d])
+        .collect();
+    stops.extend([YEAR_MS + 1]);
+    stops.sort_unstable();
+    stops.dedup();
+    let mut steps = 0;
+    for stop in stops {
+        let now = ms(clock.now());
+        if stop <= now {
+            continue;
+        }
+        clock.advance(Duration::from_millis(stop - now));
+        steps += 1;
+        assert_eq!(ms(clock.now()), stop);
+        let fired_at = fired_at.lock().unwrap();
+        for (i, expected) in deadline.iter().enumerate() {
+            match (expected, fired_at[i]) {
+                (None, Some(at)) => panic!("cancelled timer {i} ran at {at} ms"),
+                (None, None) => {}
+                (Some(d), None) => {
+                    assert!(*d > stop, "timer {i} due at {d} ms not run at {stop} ms")
+                }
+                (Some(d), Some(at)) => {
+                    assert_eq!(at, *d, "timer {i} due at {d} ms ran at {at} ms");
+                }
+            }
+        }
+    }
+    assert_eq!(get(&never), 0);
+    for handle in &beyond {
+        assert_eq!(handle.state(), TimerState::Pending);
+    }
+    let expected_fired = deadline.iter().flatten().count() as u64;
+    let stats = timer.stats();
+    assert_eq!(stats.fired, expected_fired);
+    assert_eq!(stats.pending, 2);
+    // Two more years: the 3-year timer fires (from the overflow), `Duration::MAX` never does.
+    clock.advance(Duration::from_secs(2 * 365 * 24 * 3600));
+    assert_eq!(get(&never), 1);
+    assert_eq!(beyond[0].state(), TimerState::Expired);
+    assert_eq!(beyond[1].state(), TimerState::Pending);
+    assert_eq!(timer.shutdown().len(), 1);
+    println!(
+        "{} timers, {steps} clock steps over a simulated year in {:?}",
+        delays.len() + 2,
+        wall.elapsed()
     );
 }

@@ -2,7 +2,6 @@
 //! `cancel` stops future runs (a run in progress finishes), a panicking run ends only its own
 //! timer and is counted, and `reset` moves the next run.
 
-#[path = "async_support.rs"]
 mod support;
 
 use shardwheel::{Executor, MissedTickBehavior, Timer, TimerState};

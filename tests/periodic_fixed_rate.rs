@@ -4,7 +4,6 @@
 //!
 //! Lower bounds (never early) are exact; upper bounds allow some scheduling slack.
 
-#[path = "async_support.rs"]
 mod support;
 
 use shardwheel::{MissedTickBehavior, ScheduleError, Timer};

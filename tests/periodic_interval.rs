@@ -3,7 +3,6 @@
 //! (system clock; see `manual_clock_async.rs` for the exact manual-clock versions and
 //! `async_like_tokio.rs` for the same scenarios run against tokio's `Interval`).
 
-#[path = "async_support.rs"]
 mod support;
 
 use futures::StreamExt;

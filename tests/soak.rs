@@ -33,7 +33,6 @@
 //! panicking destructors and payloads off (`drop` or `payload`: only that one),
 //! `SHARDWHEEL_SOAK_REPEAT_PANICS=0` the repeating timers that panic in a run.
 
-#[path = "engine_support.rs"]
 mod support;
 
 use shardwheel::{MissedTickBehavior, ScheduleError, Stats, Timer, TimerHandle, TimerState};

@@ -9,7 +9,7 @@
 //! * `storm` (W2 in miniature): T threads schedule [`STORM_TIMERS`] timers in total, due
 //!   uniformly in [20 ms, 50 ms] after the threads start; one iteration is one storm, timed
 //!   from the start until the last task has run (its throughput is `STORM_TIMERS` elements, so
-//!   it is bounded by `STORM_TIMERS / 50 ms` = 4 M/s however fast the engine).
+//!   it is bounded by `STORM_TIMERS / 50 ms` however fast the engine).
 //! * `reset` (W5): each thread owns [`RESET_POOL`] pending timers (30 s delays) and, per
 //!   element, pushes a random one of them back to now + 30 s.
 //!
@@ -336,8 +336,8 @@ impl Shardwheel {
             .collect()
     }
 
-    /// One fresh sentinel per shard. A thread's home shard is one pinned to the CPU it first
-    /// schedules from (else round-robin): new threads, each pinned to the next core, schedule
+    /// One fresh sentinel per shard. A thread's home shard prefers one pinned to the CPU it
+    /// first schedules from (the policy: `src/engine/placement.rs`): new threads, each pinned to the next core, schedule
     /// one sentinel each until every shard has one (the per-shard `scheduled` counters say where
     /// each went).
     fn arm_sentinels(&self) -> Vec<TimerHandle> {

@@ -11,7 +11,7 @@ use loom::sync::Arc;
 use loom::sync::Notify;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
-use shardwheel::sync::model;
+use loom_tests::model;
 use shardwheel::{Clock, Executor, MissedTickBehavior, SlotTableHook, Timer, TimerState};
 use std::time::{Duration, Instant};
 

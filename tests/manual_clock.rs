@@ -1,32 +1,73 @@
-//! Engines on a manual clock: no threads, `clock.advance(d)` drives them, so timers fire
-//! exactly when the clock passes their deadline, never before, and a simulated year is fast.
+//! Timers on a manual clock (`Clock::manual()`): nothing moves until the test calls
+//! `clock.advance(d)`, and when `advance` returns every timer due by the new time has been
+//! handed to run (with `Executor::Inline`, has run). So every assertion here is exact and none
+//! of them sleeps. Closure timers: one-shot (deadlines, rounding, cancel, reset, lazy and
+//! relocating resets), repeating (each missed-tick policy, fixed delay, reset and cancel), the
+//! pool executor, one clock driving several engines.
+//!
+//! The same clock under the async API (sleeps, timeouts, intervals) is `manual_clock_async.rs`;
+//! a simulated year across every wheel level is `manual_clock_year.rs`.
 
-#[path = "engine_support.rs"]
 mod support;
 
-use shardwheel::{Clock, Executor, Timer, TimerHandle, TimerState};
+use shardwheel::{Clock, Executor, MissedTickBehavior, Timer, TimerState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{Rng, counter, get, wait_until};
+use support::{Rng, counter, get, manual_timer, wait_until};
 
-fn manual(shards: usize, tick: Duration) -> (Clock, Timer) {
-    let clock = Clock::manual();
-    let timer = Timer::builder()
-        .shards(shards)
-        .tick(tick)
-        .executor(Executor::Inline)
-        .clock(clock.clone())
-        .build()
-        .expect("build timer");
-    (clock, timer)
+fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+/// Times (since `origin`) at which a task ran, read from the manual clock inside the task.
+#[derive(Clone)]
+struct Runs {
+    clock: Clock,
+    origin: Instant,
+    at: Arc<Mutex<Vec<Duration>>>,
+}
+
+impl Runs {
+    fn new(clock: &Clock) -> Runs {
+        Runs {
+            clock: clock.clone(),
+            origin: clock.now(),
+            at: Arc::default(),
+        }
+    }
+
+    fn record(&self) {
+        let now = self.clock.now() - self.origin;
+        self.at.lock().unwrap().push(now);
+    }
+
+    fn millis(&self) -> Vec<u64> {
+        self.at
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|at| at.as_millis() as u64)
+            .collect()
+    }
+
+    fn exact(&self) -> Vec<Duration> {
+        self.at.lock().unwrap().clone()
+    }
+}
+
+/// Advances in 1 ms steps.
+fn step(clock: &Clock, millis: u64) {
+    for _ in 0..millis {
+        clock.advance(ms(1));
+    }
 }
 
 /// Timers of 1 to 200 ms, the clock moved 1 ms at a time: after each step exactly the timers
 /// whose deadline has been reached have run.
 #[test]
 fn fires_exactly_when_the_clock_reaches_the_deadline() {
-    let (clock, timer) = manual(2, Duration::from_millis(1));
+    let (clock, timer) = manual_timer(2, ms(1));
     let start = clock.now();
     assert_eq!(clock.now(), start, "a manual clock stands still");
     let fired_at: Arc<Vec<AtomicU64>> = Arc::new((0..=200).map(|_| AtomicU64::new(0)).collect());
@@ -61,7 +102,7 @@ fn fires_exactly_when_the_clock_reaches_the_deadline() {
 /// the deadline.
 #[test]
 fn deadlines_round_up_to_the_tick() {
-    let (clock, timer) = manual(1, Duration::from_millis(10));
+    let (clock, timer) = manual_timer(1, Duration::from_millis(10));
     let ran = counter();
     let ran_clone = ran.clone();
     timer
@@ -90,7 +131,7 @@ fn deadlines_round_up_to_the_tick() {
 /// Past deadlines and zero delays fire at the next advance, even by zero.
 #[test]
 fn past_and_zero_deadlines_fire_at_the_next_advance() {
-    let (clock, timer) = manual(2, Duration::from_millis(1));
+    let (clock, timer) = manual_timer(2, ms(1));
     clock.advance(Duration::from_secs(5));
     let ran = counter();
     let (a, b) = (ran.clone(), ran.clone());
@@ -112,7 +153,7 @@ fn past_and_zero_deadlines_fire_at_the_next_advance() {
 /// Cancel and reset under a manual clock: exact, deterministic.
 #[test]
 fn cancel_and_reset_are_exact() {
-    let (clock, timer) = manual(2, Duration::from_millis(1));
+    let (clock, timer) = manual_timer(2, ms(1));
     let ran = counter();
     let task = |ran: &Arc<AtomicUsize>| {
         let ran = ran.clone();
@@ -206,119 +247,215 @@ fn one_clock_drives_several_engines() {
     assert_eq!(get(&ran), 2);
 }
 
-/// A year of simulated time, 1 ms tick, default six levels: timers in every level (1 ms to a
-/// year), beyond the top level (3 years: overflow) and `Duration::MAX`, some cancelled and some
-/// reset. The clock jumps to one tick before each deadline (nothing due has not run, nothing
-/// has run early) and then onto it (it has run, at exactly that time).
 #[test]
-fn a_simulated_year_across_all_levels() {
-    let wall = Instant::now();
-    let (clock, timer) = manual(2, Duration::from_millis(1));
+fn timers_move_only_when_the_clock_advances() {
+    let (clock, timer) = manual_timer(2, ms(1));
+    assert!(clock.is_manual() && !Clock::system().is_manual());
+    let fired = Arc::new(AtomicUsize::new(0));
+    let flag = fired.clone();
     let start = clock.now();
-    let ms = |instant: Instant| instant.duration_since(start).as_millis() as u64;
-    let mut rng = Rng::new(2024);
-    const YEAR_MS: u64 = 365 * 24 * 3600 * 1000;
-    // Delays spread over the levels: 64^level ticks and up, plus exact level boundaries.
-    let mut delays: Vec<u64> = Vec::new();
-    for level in 0..6u32 {
-        let low = 64u64.pow(level);
-        let high = (64u64.pow(level + 1)).min(YEAR_MS);
-        for _ in 0..150 {
-            delays.push(low + rng.below(high - low));
-        }
-        delays.extend([low, low + 1, low.saturating_sub(1).max(1), high - 1]);
-    }
-    delays.extend([YEAR_MS, YEAR_MS - 1]);
-    let fired_at: Arc<Mutex<Vec<Option<u64>>>> = Arc::new(Mutex::new(vec![None; delays.len()]));
-    let mut handles: Vec<TimerHandle> = Vec::new();
-    for (i, &delay) in delays.iter().enumerate() {
-        let (fired_at, clock_in_task) = (fired_at.clone(), clock.clone());
-        let handle = timer
-            .schedule(Duration::from_millis(delay), move || {
-                let now = clock_in_task.now().duration_since(start).as_millis() as u64;
-                let mut fired_at = fired_at.lock().unwrap();
-                assert!(fired_at[i].is_none(), "timer {i} ran twice");
-                fired_at[i] = Some(now);
+    timer
+        .schedule(ms(50), move || {
+            flag.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    // Real time passes; the manual clock and the timer do not move.
+    std::thread::sleep(ms(80));
+    assert_eq!(clock.now(), start);
+    assert_eq!(fired.load(Ordering::SeqCst), 0);
+    clock.advance(ms(49));
+    assert_eq!(fired.load(Ordering::SeqCst), 0);
+    assert_eq!(timer.pending(), 1);
+    clock.advance(ms(1));
+    assert_eq!(
+        fired.load(Ordering::SeqCst),
+        1,
+        "advance returned before the task ran"
+    );
+    assert_eq!(clock.now() - start, ms(50));
+    assert_eq!(timer.pending(), 0);
+    assert_eq!(timer.stats().fired, 1);
+}
+
+#[test]
+fn advance_returns_after_every_due_timer_has_run() {
+    let (clock, timer) = manual_timer(2, ms(1));
+    let mut rng = Rng::new(3);
+    let due: Vec<u64> = (0..2000).map(|_| rng.between(1, 300)).collect();
+    let ran = Arc::new(AtomicUsize::new(0));
+    for &millis in &due {
+        let ran = ran.clone();
+        timer
+            .schedule(ms(millis), move || {
+                ran.fetch_add(1, Ordering::SeqCst);
             })
             .unwrap();
-        handles.push(handle);
     }
-    // Beyond the year: 3 years (past the top level of 2^36 ms) and never.
-    let never = counter();
-    let mut beyond = Vec::new();
-    for delay in [Duration::from_secs(3 * 365 * 24 * 3600), Duration::MAX] {
-        let never = never.clone();
-        beyond.push(
-            timer
-                .schedule(delay, move || {
-                    never.fetch_add(1, Ordering::SeqCst);
-                })
-                .unwrap(),
-        );
+    for now in 1..=300u64 {
+        clock.advance(ms(1));
+        let expected = due.iter().filter(|&&millis| millis <= now).count();
+        assert_eq!(ran.load(Ordering::SeqCst), expected, "at {now} ms");
     }
-    // Cancel every 7th, reset every 11th to a new random deadline (from now, at time 0).
-    let mut deadline: Vec<Option<u64>> = delays.iter().map(|&d| Some(d)).collect();
-    for i in (0..delays.len()).step_by(7) {
-        assert!(handles[i].cancel());
-        deadline[i] = None;
-    }
-    for i in (3..delays.len()).step_by(11) {
-        if deadline[i].is_some() {
-            let new = 1 + rng.below(YEAR_MS);
-            assert!(handles[i].reset(Duration::from_millis(new)));
-            deadline[i] = Some(new);
-        }
-    }
-    let mut stops: Vec<u64> = deadline
-        .iter()
-        .flatten()
-        .flat_map(|&d| [d - 1, d])
-        .collect();
-    stops.extend([YEAR_MS + 1]);
-    stops.sort_unstable();
-    stops.dedup();
-    let mut steps = 0;
-    for stop in stops {
-        let now = ms(clock.now());
-        if stop <= now {
-            continue;
-        }
-        clock.advance(Duration::from_millis(stop - now));
-        steps += 1;
-        assert_eq!(ms(clock.now()), stop);
-        let fired_at = fired_at.lock().unwrap();
-        for (i, expected) in deadline.iter().enumerate() {
-            match (expected, fired_at[i]) {
-                (None, Some(at)) => panic!("cancelled timer {i} ran at {at} ms"),
-                (None, None) => {}
-                (Some(d), None) => {
-                    assert!(*d > stop, "timer {i} due at {d} ms not run at {stop} ms")
-                }
-                (Some(d), Some(at)) => {
-                    assert_eq!(at, *d, "timer {i} due at {d} ms ran at {at} ms");
-                }
-            }
-        }
-    }
-    assert_eq!(get(&never), 0);
-    for handle in &beyond {
-        assert_eq!(handle.state(), TimerState::Pending);
-    }
-    let expected_fired = deadline.iter().flatten().count() as u64;
-    let stats = timer.stats();
-    assert_eq!(stats.fired, expected_fired);
-    assert_eq!(stats.pending, 2);
-    // Two more years: the 3-year timer fires (from the overflow), `Duration::MAX` never does.
-    clock.advance(Duration::from_secs(2 * 365 * 24 * 3600));
-    assert_eq!(get(&never), 1);
-    assert_eq!(beyond[0].state(), TimerState::Expired);
-    assert_eq!(beyond[1].state(), TimerState::Pending);
-    assert_eq!(timer.shutdown().len(), 1);
-    println!(
-        "{} timers, {steps} clock steps over a simulated year in {:?}",
-        delays.len() + 2,
-        wall.elapsed()
+    // A second timer on the same clock is driven by the same advance.
+    let other = Timer::builder()
+        .clock(clock.clone())
+        .executor(Executor::Inline)
+        .build()
+        .unwrap();
+    let flag = ran.clone();
+    other
+        .schedule(ms(5), move || {
+            flag.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    clock.advance(ms(5));
+    assert_eq!(ran.load(Ordering::SeqCst), due.len() + 1);
+}
+
+#[test]
+fn with_a_pool_executor_advance_hands_the_tasks_over() {
+    let clock = Clock::manual();
+    let timer = Timer::builder()
+        .clock(clock.clone())
+        .shards(1)
+        .build()
+        .unwrap();
+    let ran = Arc::new(AtomicUsize::new(0));
+    let flag = ran.clone();
+    timer
+        .schedule(ms(10), move || {
+            flag.fetch_add(1, Ordering::SeqCst);
+        })
+        .unwrap();
+    clock.advance(ms(9));
+    assert_eq!(timer.stats().fired, 0);
+    clock.advance(ms(1));
+    // Handed to the pool by now; it runs there shortly.
+    assert_eq!(timer.stats().fired, 1);
+    assert!(wait_until(Duration::from_secs(2), || ran
+        .load(Ordering::SeqCst)
+        == 1));
+}
+
+#[test]
+fn fixed_rate_runs_exactly_on_the_grid() {
+    let (clock, timer) = manual_timer(2, ms(1));
+    let runs = Runs::new(&clock);
+    let record = runs.clone();
+    let handle = timer
+        .schedule_repeating(ms(10), MissedTickBehavior::Skip, move || record.record())
+        .unwrap();
+    let after = Runs::new(&clock);
+    let record = after.clone();
+    let delayed = timer
+        .schedule_repeating_after(ms(3), ms(7), MissedTickBehavior::Burst, move || {
+            record.record()
+        })
+        .unwrap();
+    step(&clock, 200);
+    assert_eq!(runs.millis(), (1..=20).map(|k| 10 * k).collect::<Vec<_>>());
+    // Exactly, to the nanosecond: run k at start + k * period.
+    assert_eq!(runs.exact()[19], ms(200));
+    assert_eq!(
+        after.millis(),
+        (0..=28).map(|k| 3 + 7 * k).collect::<Vec<_>>()
     );
+    assert!(handle.cancel() && delayed.cancel());
+    step(&clock, 50);
+    assert_eq!(runs.millis().len(), 20);
+    assert_eq!(timer.pending(), 0);
+}
+
+/// A repeating timer with period 10 ms, then one advance of 35 ms (the points at 10, 20 and
+/// 30 ms are all due at once), then 1 ms steps to 60 ms. Returns when each run happened.
+fn one_big_advance(missed: MissedTickBehavior) -> Vec<u64> {
+    let (clock, timer) = manual_timer(2, ms(1));
+    let runs = Runs::new(&clock);
+    let record = runs.clone();
+    let _handle = timer
+        .schedule_repeating(ms(10), missed, move || record.record())
+        .unwrap();
+    clock.advance(ms(35));
+    step(&clock, 25);
+    runs.millis()
+}
+
+#[test]
+fn burst_runs_every_missed_point_within_the_advance() {
+    assert_eq!(
+        one_big_advance(MissedTickBehavior::Burst),
+        [35, 35, 35, 40, 50, 60]
+    );
+}
+
+#[test]
+fn skip_drops_the_missed_points_and_keeps_the_grid() {
+    assert_eq!(one_big_advance(MissedTickBehavior::Skip), [35, 40, 50, 60]);
+}
+
+#[test]
+fn delay_restarts_the_grid_from_the_late_run() {
+    assert_eq!(one_big_advance(MissedTickBehavior::Delay), [35, 45, 55]);
+}
+
+#[test]
+fn fixed_delay_counts_from_the_end_of_each_run() {
+    let (clock, timer) = manual_timer(2, ms(1));
+    let runs = Runs::new(&clock);
+    let record = runs.clone();
+    let _handle = timer
+        .schedule_with_fixed_delay(ms(5), ms(10), move || record.record())
+        .unwrap();
+    step(&clock, 40);
+    assert_eq!(runs.millis(), [5, 15, 25, 35]);
+    // A late run: the next one is a full delay after it, not on any grid.
+    clock.advance(ms(17)); // to 57: the run due at 45 runs now
+    step(&clock, 20);
+    assert_eq!(runs.millis(), [5, 15, 25, 35, 57, 67, 77]);
+}
+
+#[test]
+fn reset_and_cancel_of_a_repeating_timer() {
+    let (clock, timer) = manual_timer(2, ms(1));
+    let runs = Runs::new(&clock);
+    let record = runs.clone();
+    let handle = timer
+        .schedule_repeating(ms(100), MissedTickBehavior::Skip, move || record.record())
+        .unwrap();
+    clock.advance(ms(30));
+    // Bring the next run forward to 40 ms: the grid restarts there.
+    assert!(handle.reset(ms(10)));
+    step(&clock, 250);
+    assert_eq!(runs.millis(), [40, 140, 240]);
+    // Push it back: from 280 ms, the run due at 340 moves to 400.
+    assert!(handle.reset_at(clock.now() + ms(120)));
+    step(&clock, 200);
+    assert_eq!(runs.millis(), [40, 140, 240, 400]);
+    assert!(handle.cancel());
+    assert_eq!(handle.state(), TimerState::Cancelled);
+    step(&clock, 300);
+    assert_eq!(runs.millis().len(), 4);
+    assert!(!handle.reset(ms(1)), "a cancelled timer cannot be reset");
+}
+
+#[test]
+fn a_task_that_cancels_its_own_timer_runs_no_more() {
+    let (clock, timer) = manual_timer(2, ms(1));
+    let runs = Runs::new(&clock);
+    let record = runs.clone();
+    let slot: Arc<Mutex<Option<shardwheel::TimerHandle>>> = Arc::default();
+    let own = slot.clone();
+    let handle = timer
+        .schedule_repeating(ms(10), MissedTickBehavior::Burst, move || {
+            record.record();
+            if record.at.lock().unwrap().len() == 3 {
+                assert!(own.lock().unwrap().as_ref().unwrap().cancel());
+            }
+        })
+        .unwrap();
+    *slot.lock().unwrap() = Some(handle);
+    step(&clock, 100);
+    assert_eq!(runs.millis(), [10, 20, 30]);
 }
 
 /// Resets of many timers, later (in place, no message) and earlier (relocated), across the
@@ -326,7 +463,7 @@ fn a_simulated_year_across_all_levels() {
 /// of its last successful reset (never before it); and the counters add up.
 #[test]
 fn lazy_and_relocating_resets_fire_at_the_last_deadline() {
-    let (clock, timer) = manual(2, Duration::from_millis(1));
+    let (clock, timer) = manual_timer(2, ms(1));
     let start = clock.now();
     let count = 3_000usize;
     let fired_at: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
