@@ -404,7 +404,49 @@ mod tests {
         assert_eq!(config.churn_timers, 1_000_000);
         assert_eq!(config.memory_timers, vec![1_000_000, 10_000_000]);
         assert_eq!(config.seconds, 5.0);
-        assert_eq!(config.workloads.len(), 5);
+        assert_eq!(config.workloads, Workload::ALL.to_vec());
+        assert_eq!(config.workloads.len(), 7);
+        assert_eq!(config.timeouts_seconds, 5.0);
+        assert_eq!(config.timeout_tasks_per_worker, 1_000);
+        assert_eq!(config.shrink_timers, 10_000_000);
+        assert_eq!(config.repeat, 1);
+    }
+
+    #[test]
+    fn quick_keeps_w6_and_w7_small() {
+        let config = run(&["--quick"]).unwrap();
+        assert_eq!(config.timeouts_seconds, 1.0);
+        assert_eq!(config.shrink_timers, 1_000_000);
+        assert_eq!(config.repeat, 1);
+    }
+
+    #[test]
+    fn w6_and_w7_parse_by_name_and_id() {
+        let config = run(&["--workloads", "timeouts,W7"]).unwrap();
+        assert_eq!(config.workloads, vec![Workload::Timeouts, Workload::Shrink]);
+        let config = run(&["--workloads=W6,shrink,timeouts"]).unwrap();
+        assert_eq!(config.workloads, vec![Workload::Timeouts, Workload::Shrink]);
+        let config = run(&["--workloads", "all"]).unwrap();
+        assert!(config.workloads.contains(&Workload::Timeouts));
+        assert!(config.workloads.contains(&Workload::Shrink));
+    }
+
+    #[test]
+    fn repeat_seconds_and_timers_reach_w6_and_w7() {
+        let config = run(&["--repeat", "5", "--seconds=2", "--timers", "2M"]).unwrap();
+        assert_eq!(config.repeat, 5);
+        assert_eq!(config.timeouts_seconds, 2.0);
+        assert_eq!(config.shrink_timers, 2_000_000);
+        assert_eq!(run(&["--repeat=1"]).unwrap().repeat, 1);
+        assert_eq!(run(&["--quick", "--repeat", "3"]).unwrap().repeat, 3);
+    }
+
+    #[test]
+    fn help_mentions_the_new_flags() {
+        assert!(matches!(parse(["--help".to_string()]), Ok(Parsed::Help)));
+        for word in ["--repeat", "timeouts", "shrink", "W1..W7", ".median", "ratio"] {
+            assert!(USAGE.contains(word), "--help lacks {word}");
+        }
     }
 
     #[test]
@@ -446,6 +488,12 @@ mod tests {
             &["--quick=yes"],
             &["stray"],
             &["--json", ""],
+            &["--repeat"],
+            &["--repeat", "0"],
+            &["--repeat", "-2"],
+            &["--repeat", "2.5"],
+            &["--repeat", "1001"],
+            &["--workloads", "W8"],
         ] {
             assert!(run(bad).is_err(), "{bad:?} accepted");
         }

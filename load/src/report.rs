@@ -529,6 +529,70 @@ mod tests {
         assert_eq!(json_number(f64::NAN), "null");
     }
 
+    /// Two repetitions of shardwheel and tokio, alternating as the runner does.
+    fn repeated_report(json: Option<&Path>) -> Report {
+        let mut report = Report::new(json).unwrap();
+        for (run, sw, tokio) in [(0, 300.0, 100.0), (1, 100.0, 100.0), (2, 400.0, 200.0)] {
+            report.run = run;
+            report.add("shardwheel", "timeouts", 1, "timeouts_per_s", sw, "timeouts/s");
+            report.add("tokio", "timeouts", 1, "timeouts_per_s", tokio, "timeouts/s");
+        }
+        report
+    }
+
+    #[test]
+    fn ratios_pair_the_runs_of_one_repetition() {
+        let report = repeated_report(None);
+        assert_eq!(
+            report.ratios("tokio", "timeouts", 1, "timeouts_per_s"),
+            vec![3.0, 1.0, 2.0]
+        );
+        assert!(report.ratios("heap", "timeouts", 1, "timeouts_per_s").is_empty());
+        let medians = report.medians();
+        assert_eq!(medians.len(), 2);
+        assert_eq!(medians[0].value, 300.0);
+        assert_eq!(medians[1].value, 100.0);
+        let table = report.render();
+        assert!(table.contains("100.0 / 300.0 / 400.0"), "{table}");
+        assert!(table.contains("1.00x / 2.00x / 3.00x"), "{table}");
+    }
+
+    #[test]
+    fn summary_json_lines_follow_the_run_lines() {
+        let path = std::env::temp_dir().join(format!(
+            "shardwheel-load-summary-{}.jsonl",
+            std::process::id()
+        ));
+        let mut report = repeated_report(Some(&path));
+        report.write_summary_json();
+        drop(report);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 6 + 3 + 3 + 3, "{text}");
+        assert!(lines[..6].iter().all(|l| l.contains(r#""metric":"timeouts_per_s","#)));
+        assert!(lines.contains(
+            &r#"{"system":"shardwheel","workload":"timeouts","threads":1,"metric":"timeouts_per_s.median","value":300,"unit":"timeouts/s"}"#
+        ));
+        assert!(lines.contains(
+            &r#"{"system":"shardwheel/tokio","workload":"timeouts","threads":1,"metric":"timeouts_per_s.max","value":3,"unit":"ratio"}"#
+        ));
+        assert!(lines.contains(
+            &r#"{"system":"tokio","workload":"timeouts","threads":1,"metric":"timeouts_per_s.min","value":100,"unit":"timeouts/s"}"#
+        ));
+    }
+
+    #[test]
+    fn a_single_run_keeps_single_cells_and_no_summary() {
+        let mut report = Report::new(None).unwrap();
+        report.add("shardwheel", "reset", 1, "resets_per_s", 2e6, "resets/s");
+        report.add("tokio", "reset", 1, "resets_per_s", 1e6, "resets/s");
+        assert!(!report.repeated());
+        let table = report.render();
+        assert!(table.contains("2.00x") && !table.contains(" / "), "{table}");
+        assert_eq!(summary_cell(&[], |v| v.to_string()), "-");
+    }
+
     #[test]
     fn values_format_for_humans() {
         assert_eq!(format_value(12_345_678.0, "ops/s"), "12.35M");
