@@ -444,7 +444,9 @@ mod tests {
     #[test]
     fn help_mentions_the_new_flags() {
         assert!(matches!(parse(["--help".to_string()]), Ok(Parsed::Help)));
-        for word in ["--repeat", "timeouts", "shrink", "W1..W7", ".median", "ratio"] {
+        for word in [
+            "--repeat", "timeouts", "shrink", "W1..W7", ".median", "ratio",
+        ] {
             assert!(USAGE.contains(word), "--help lacks {word}");
         }
     }

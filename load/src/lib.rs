@@ -173,17 +173,15 @@ fn run_workload(workload: Workload, config: &Config, report: &mut Report, ui: &U
                     bar.segment(*segment);
                     let started = Instant::now();
                     match system {
-                        SystemKind::Shardwheel => workloads::run::<Shardwheel>(
-                            workload, config, n, threads, report, bar,
-                        ),
-                        SystemKind::Baseline(Baseline::Tokio) => workloads::run::<TokioTimer>(
-                            workload, config, n, threads, report, bar,
-                        ),
-                        SystemKind::Baseline(Baseline::Heap) => {
-                            workloads::run::<HeapTimerSystem>(
-                                workload, config, n, threads, report, bar,
-                            )
+                        SystemKind::Shardwheel => {
+                            workloads::run::<Shardwheel>(workload, config, n, threads, report, bar)
                         }
+                        SystemKind::Baseline(Baseline::Tokio) => {
+                            workloads::run::<TokioTimer>(workload, config, n, threads, report, bar)
+                        }
+                        SystemKind::Baseline(Baseline::Heap) => workloads::run::<HeapTimerSystem>(
+                            workload, config, n, threads, report, bar,
+                        ),
                     }
                     *seconds += started.elapsed().as_secs_f64();
                     *segment += 1;

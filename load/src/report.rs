@@ -161,11 +161,20 @@ impl Report {
     }
 
     /// The values of one (system, workload, threads, metric), by repetition.
-    fn runs(&self, system: &str, workload: &str, threads: usize, metric: &str) -> Vec<(usize, f64)> {
+    fn runs(
+        &self,
+        system: &str,
+        workload: &str,
+        threads: usize,
+        metric: &str,
+    ) -> Vec<(usize, f64)> {
         self.samples
             .iter()
             .filter(|s| {
-                s.system == system && s.workload == workload && s.threads == threads && s.metric == metric
+                s.system == system
+                    && s.workload == workload
+                    && s.threads == threads
+                    && s.metric == metric
             })
             .map(|s| (s.run, s.value))
             .collect()
@@ -209,23 +218,26 @@ impl Report {
                                metric: &str,
                                unit: &'static str,
                                summary: Summary| {
-            [("min", summary.min), ("median", summary.median), ("max", summary.max)].map(
-                |(statistic, value)| {
-                    // The metric names are few and live as long as the run: leaking them keeps
-                    // `Sample::metric` a plain `&'static str`.
-                    let metric: &'static str =
-                        Box::leak(format!("{metric}.{statistic}").into_boxed_str());
-                    Sample {
-                        system,
-                        workload: workload.to_string(),
-                        threads,
-                        metric,
-                        value,
-                        unit,
-                        run: 0,
-                    }
-                },
-            )
+            [
+                ("min", summary.min),
+                ("median", summary.median),
+                ("max", summary.max),
+            ]
+            .map(|(statistic, value)| {
+                // The metric names are few and live as long as the run: leaking them keeps
+                // `Sample::metric` a plain `&'static str`.
+                let metric: &'static str =
+                    Box::leak(format!("{metric}.{statistic}").into_boxed_str());
+                Sample {
+                    system,
+                    workload: workload.to_string(),
+                    threads,
+                    metric,
+                    value,
+                    unit,
+                    run: 0,
+                }
+            })
         };
         let baselines: Vec<&'static str> = self
             .systems()
@@ -239,7 +251,9 @@ impl Report {
                 .map(|(_, v)| v)
                 .collect();
             if let Some(summary) = summarize(&values) {
-                lines.extend(summary_samples(system, workload, threads, metric, unit, summary));
+                lines.extend(summary_samples(
+                    system, workload, threads, metric, unit, summary,
+                ));
             }
             if system != "shardwheel" {
                 continue;
@@ -247,7 +261,8 @@ impl Report {
             for baseline in &baselines {
                 let ratio_system: &'static str =
                     Box::leak(format!("shardwheel/{baseline}").into_boxed_str());
-                if let Some(summary) = summarize(&self.ratios(baseline, workload, threads, metric)) {
+                if let Some(summary) = summarize(&self.ratios(baseline, workload, threads, metric))
+                {
                     lines.extend(summary_samples(
                         ratio_system,
                         workload,
@@ -534,8 +549,22 @@ mod tests {
         let mut report = Report::new(json).unwrap();
         for (run, sw, tokio) in [(0, 300.0, 100.0), (1, 100.0, 100.0), (2, 400.0, 200.0)] {
             report.run = run;
-            report.add("shardwheel", "timeouts", 1, "timeouts_per_s", sw, "timeouts/s");
-            report.add("tokio", "timeouts", 1, "timeouts_per_s", tokio, "timeouts/s");
+            report.add(
+                "shardwheel",
+                "timeouts",
+                1,
+                "timeouts_per_s",
+                sw,
+                "timeouts/s",
+            );
+            report.add(
+                "tokio",
+                "timeouts",
+                1,
+                "timeouts_per_s",
+                tokio,
+                "timeouts/s",
+            );
         }
         report
     }
@@ -547,7 +576,11 @@ mod tests {
             report.ratios("tokio", "timeouts", 1, "timeouts_per_s"),
             vec![3.0, 1.0, 2.0]
         );
-        assert!(report.ratios("heap", "timeouts", 1, "timeouts_per_s").is_empty());
+        assert!(
+            report
+                .ratios("heap", "timeouts", 1, "timeouts_per_s")
+                .is_empty()
+        );
         let medians = report.medians();
         assert_eq!(medians.len(), 2);
         assert_eq!(medians[0].value, 300.0);
@@ -570,7 +603,11 @@ mod tests {
         let _ = std::fs::remove_file(&path);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 6 + 3 + 3 + 3, "{text}");
-        assert!(lines[..6].iter().all(|l| l.contains(r#""metric":"timeouts_per_s","#)));
+        assert!(
+            lines[..6]
+                .iter()
+                .all(|l| l.contains(r#""metric":"timeouts_per_s","#))
+        );
         assert!(lines.contains(
             &r#"{"system":"shardwheel","workload":"timeouts","threads":1,"metric":"timeouts_per_s.median","value":300,"unit":"timeouts/s"}"#
         ));

@@ -36,8 +36,11 @@ trait Flavor: Clone + Send + Sync + 'static {
     fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime>;
 
     /// `future` with a deadline of `delay`: true iff it completed in time.
-    fn timeout<F: Future + Send>(&self, delay: Duration, future: F)
-    -> impl Future<Output = bool> + Send;
+    fn timeout<F: Future + Send>(
+        &self,
+        delay: Duration,
+        future: F,
+    ) -> impl Future<Output = bool> + Send;
 
     /// Stops the flavor's own engine, if it has one.
     fn shutdown(&self) {}
@@ -101,11 +104,20 @@ pub(crate) fn run<S: System>(config: &Config, threads: usize, report: &mut Repor
             let timer = match shardwheel::Timer::new() {
                 Ok(timer) => timer,
                 Err(error) => {
-                    anomaly(format!("shardwheel: timeouts: could not build a timer: {error}"));
+                    anomaly(format!(
+                        "shardwheel: timeouts: could not build a timer: {error}"
+                    ));
                     return;
                 }
             };
-            measure(ShardwheelFlavor { timer }, S::NAME, config, threads, report, bar);
+            measure(
+                ShardwheelFlavor { timer },
+                S::NAME,
+                config,
+                threads,
+                report,
+                bar,
+            );
         }
         "tokio" => measure(TokioFlavor, S::NAME, config, threads, report, bar),
         _ => {} // no futures API: the runner does not ask

@@ -665,7 +665,10 @@ pub(crate) fn child(child_kind: Child, args: &[String]) -> std::process::ExitCod
         _ => None,
     };
     let Some((system, n, threads, quick)) = parsed else {
-        eprintln!("error: {} expects SYSTEM N THREADS QUICK", child_kind.flag());
+        eprintln!(
+            "error: {} expects SYSTEM N THREADS QUICK",
+            child_kind.flag()
+        );
         return std::process::ExitCode::from(2);
     };
     let config = crate::args::Config {
@@ -929,7 +932,9 @@ fn shrink<S: System>(config: &Config, n: usize, threads: usize, report: &mut Rep
     let failed: u64 = outcomes.iter().map(|o| o.1).sum();
     let live = n - count_missing(&slots);
     bar.set(0.7, format!("{label} waiting 1 s"));
-    thread::sleep((cancels_done + Duration::from_secs(1)).saturating_duration_since(Instant::now()));
+    thread::sleep(
+        (cancels_done + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
+    );
     // One reading, after the same trim as W3's readings (no waiting for it to settle: the
     // engine has had its 1 s).
     trim_allocator();
@@ -966,7 +971,14 @@ fn shrink<S: System>(config: &Config, n: usize, threads: usize, report: &mut Rep
         (peak as i128 - before as i128) as f64 / n as f64,
         "bytes",
     );
-    report.add(S::NAME, "shrink", threads, "live_timers", live as f64, "count");
+    report.add(
+        S::NAME,
+        "shrink",
+        threads,
+        "live_timers",
+        live as f64,
+        "count",
+    );
     report.note(
         "shrink",
         format!(
