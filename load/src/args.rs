@@ -7,17 +7,29 @@ shardwheel-load: runs the workloads of WORKLOADS.md against shardwheel (and base
 
 usage: shardwheel-load [FLAGS]
 
-  --workloads LIST   which workloads, comma-separated: churn,storm,memory,idle,reset
-                     (or W1..W5, or all; default all)
+  --workloads LIST   which workloads, comma-separated: churn,storm,memory,idle,reset,
+                     timeouts,shrink (or W1..W7, or all; default all)
   --threads T|LIST   submitting threads: a maximum (runs 1..=T) or a list like 1,2,4
                      (default 1..=cores)
-  --timers N         timers per workload, overriding P (churn), N (storm, memory),
-                     the idle count and C (reset); accepts 1000000, 1_000_000, 1M, 500k
-  --seconds S        length of the timed loops (churn, idle, reset; default 5)
-  --compare LIST     also run baselines: tokio, heap, or tokio,heap
-  --json FILE        write one JSON object per line per metric to FILE
-  --plot FILE.svg    draw throughput by thread count for each workload
-  --quick            tiny sizes and short loops (CI smoke run, well under 20 s)
+  --timers N         timers per workload, overriding P (churn), N (storm, memory,
+                     shrink), the idle count and C (reset); accepts 1000000, 1_000_000,
+                     1M, 500k (timeouts has no timer count: 1,000 tasks per worker)
+  --seconds S        length of the timed loops (churn, idle, reset, timeouts; default 5)
+  --compare LIST     also run baselines: tokio, heap, or tokio,heap; the report then
+                     shows each metric's ratio shardwheel/baseline (sw/tokio, sw/heap);
+                     heap has no futures API, so timeouts runs without it
+  --repeat N         run each (workload, threads) N times, the systems alternating
+                     within each repetition (sw, tokio, sw, tokio, ...), and report
+                     min / median / max of each metric and of the per-repetition
+                     ratios (default 1)
+  --json FILE        write one JSON object per line per metric to FILE:
+                     {\"system\",\"workload\",\"threads\",\"metric\",\"value\",\"unit\"}.
+                     With --repeat N > 1: one line per run (N lines per key, in run
+                     order), then summary lines of the same shape whose metric is
+                     METRIC.min, METRIC.median or METRIC.max, and, with --compare, ratio
+                     lines with system \"shardwheel/BASELINE\" and unit \"ratio\"
+  --plot FILE.svg    draw throughput by thread count for each workload (medians)
+  --quick            tiny sizes and short loops (CI smoke run, under ~40 s)
   --no-probes        skip the limit probes (handoff, local_insert)
   --no-progress      no progress bars
   -h, --help         this text
@@ -31,15 +43,19 @@ pub(crate) enum Workload {
     Memory,
     Idle,
     Reset,
+    Timeouts,
+    Shrink,
 }
 
 impl Workload {
-    pub(crate) const ALL: [Workload; 5] = [
+    pub(crate) const ALL: [Workload; 7] = [
         Workload::Churn,
         Workload::Storm,
         Workload::Memory,
         Workload::Idle,
         Workload::Reset,
+        Workload::Timeouts,
+        Workload::Shrink,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -49,6 +65,8 @@ impl Workload {
             Workload::Memory => "memory",
             Workload::Idle => "idle",
             Workload::Reset => "reset",
+            Workload::Timeouts => "timeouts",
+            Workload::Shrink => "shrink",
         }
     }
 
@@ -59,6 +77,8 @@ impl Workload {
             Workload::Memory => "W3",
             Workload::Idle => "W4",
             Workload::Reset => "W5",
+            Workload::Timeouts => "W6",
+            Workload::Shrink => "W7",
         }
     }
 
@@ -87,8 +107,14 @@ pub(crate) struct Config {
     pub(crate) quick: bool,
     pub(crate) probes: bool,
     pub(crate) progress: bool,
+    /// Runs of each (workload, threads, system): `--repeat`.
+    pub(crate) repeat: usize,
     /// The timed loops (churn, idle, reset), seconds.
     pub(crate) seconds: f64,
+    /// The loop of each task of the timeouts workload (W6), seconds.
+    pub(crate) timeouts_seconds: f64,
+    /// Tasks per runtime worker thread in the timeouts workload (W6).
+    pub(crate) timeout_tasks_per_worker: usize,
     /// P of the churn.
     pub(crate) churn_timers: usize,
     /// N of the storm.
@@ -99,6 +125,8 @@ pub(crate) struct Config {
     pub(crate) idle_timers: usize,
     /// C of the reset workload.
     pub(crate) reset_timers: usize,
+    /// N of the shrink workload (W7).
+    pub(crate) shrink_timers: usize,
     /// Messages per producer in the handoff probe.
     pub(crate) probe_messages: usize,
     /// Length of the local_insert probe, seconds.
@@ -117,12 +145,16 @@ impl Config {
             quick,
             probes: true,
             progress: true,
+            repeat: 1,
             seconds: 5.0,
+            timeouts_seconds: 5.0,
+            timeout_tasks_per_worker: 1_000,
             churn_timers: 1_000_000,
             storm_timers: 1_000_000,
             memory_timers: vec![1_000_000, 10_000_000],
             idle_timers: 1_000_000,
             reset_timers: 1_000_000,
+            shrink_timers: 10_000_000,
             probe_messages: 2_000_000,
             probe_seconds: 1.0,
         };
@@ -131,11 +163,13 @@ impl Config {
         }
         Config {
             seconds: 0.5,
+            timeouts_seconds: 1.0,
             churn_timers: 20_000,
             storm_timers: 20_000,
             memory_timers: vec![20_000, 100_000],
             idle_timers: 20_000,
             reset_timers: 20_000,
+            shrink_timers: 1_000_000,
             probe_messages: 100_000,
             probe_seconds: 0.1,
             ..base
@@ -229,6 +263,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
     let mut progress = true;
     let mut timers = None;
     let mut seconds = None;
+    let mut repeat = None;
 
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -243,6 +278,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
                 | "--threads"
                 | "--timers"
                 | "--seconds"
+                | "--repeat"
                 | "--compare"
                 | "--json"
                 | "--plot"
@@ -277,7 +313,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
                             Workload::parse(word).map(|w| vec![w])
                         }
                     },
-                    "churn, storm, memory, idle, reset, W1..W5 or all",
+                    "churn, storm, memory, idle, reset, timeouts, shrink, W1..W7 or all",
                 )?);
             }
             "--compare" => {
@@ -305,6 +341,15 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
                 }
                 seconds = Some(parsed);
             }
+            "--repeat" => {
+                let parsed: usize = value.trim().parse().map_err(|_| {
+                    format!("--repeat expects a number of runs like 5, not '{value}'")
+                })?;
+                if !(1..=1000).contains(&parsed) {
+                    return Err(format!("--repeat must be 1 to 1000, not {parsed}"));
+                }
+                repeat = Some(parsed);
+            }
             "--json" => json = Some(PathBuf::from(value)),
             "--plot" => plot = Some(PathBuf::from(value)),
             other if other.starts_with('-') => return Err(format!("unknown flag '{other}'")),
@@ -330,9 +375,14 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
         config.memory_timers = vec![n];
         config.idle_timers = n;
         config.reset_timers = n;
+        config.shrink_timers = n;
     }
     if let Some(seconds) = seconds {
         config.seconds = seconds;
+        config.timeouts_seconds = seconds;
+    }
+    if let Some(repeat) = repeat {
+        config.repeat = repeat;
     }
     Ok(Parsed::Run(Box::new(config)))
 }
@@ -354,7 +404,51 @@ mod tests {
         assert_eq!(config.churn_timers, 1_000_000);
         assert_eq!(config.memory_timers, vec![1_000_000, 10_000_000]);
         assert_eq!(config.seconds, 5.0);
-        assert_eq!(config.workloads.len(), 5);
+        assert_eq!(config.workloads, Workload::ALL.to_vec());
+        assert_eq!(config.workloads.len(), 7);
+        assert_eq!(config.timeouts_seconds, 5.0);
+        assert_eq!(config.timeout_tasks_per_worker, 1_000);
+        assert_eq!(config.shrink_timers, 10_000_000);
+        assert_eq!(config.repeat, 1);
+    }
+
+    #[test]
+    fn quick_keeps_w6_and_w7_small() {
+        let config = run(&["--quick"]).unwrap();
+        assert_eq!(config.timeouts_seconds, 1.0);
+        assert_eq!(config.shrink_timers, 1_000_000);
+        assert_eq!(config.repeat, 1);
+    }
+
+    #[test]
+    fn w6_and_w7_parse_by_name_and_id() {
+        let config = run(&["--workloads", "timeouts,W7"]).unwrap();
+        assert_eq!(config.workloads, vec![Workload::Timeouts, Workload::Shrink]);
+        let config = run(&["--workloads=W6,shrink,timeouts"]).unwrap();
+        assert_eq!(config.workloads, vec![Workload::Timeouts, Workload::Shrink]);
+        let config = run(&["--workloads", "all"]).unwrap();
+        assert!(config.workloads.contains(&Workload::Timeouts));
+        assert!(config.workloads.contains(&Workload::Shrink));
+    }
+
+    #[test]
+    fn repeat_seconds_and_timers_reach_w6_and_w7() {
+        let config = run(&["--repeat", "5", "--seconds=2", "--timers", "2M"]).unwrap();
+        assert_eq!(config.repeat, 5);
+        assert_eq!(config.timeouts_seconds, 2.0);
+        assert_eq!(config.shrink_timers, 2_000_000);
+        assert_eq!(run(&["--repeat=1"]).unwrap().repeat, 1);
+        assert_eq!(run(&["--quick", "--repeat", "3"]).unwrap().repeat, 3);
+    }
+
+    #[test]
+    fn help_mentions_the_new_flags() {
+        assert!(matches!(parse(["--help".to_string()]), Ok(Parsed::Help)));
+        for word in [
+            "--repeat", "timeouts", "shrink", "W1..W7", ".median", "ratio",
+        ] {
+            assert!(USAGE.contains(word), "--help lacks {word}");
+        }
     }
 
     #[test]
@@ -396,6 +490,12 @@ mod tests {
             &["--quick=yes"],
             &["stray"],
             &["--json", ""],
+            &["--repeat"],
+            &["--repeat", "0"],
+            &["--repeat", "-2"],
+            &["--repeat", "2.5"],
+            &["--repeat", "1001"],
+            &["--workloads", "W8"],
         ] {
             assert!(run(bad).is_err(), "{bad:?} accepted");
         }

@@ -1,10 +1,13 @@
 //! `shardwheel-load`: the load generator that reproduces shardwheel's performance numbers, and
 //! the baselines it (and the engine bench, `load/benches/engine.rs`) compares shardwheel with.
 //!
-//! Runs the five workloads of `load/WORKLOADS.md` (churn, storm, memory, idle, reset) on
-//! 1..=cores submitting threads, prints a live progress bar per workload and then a
-//! report, and optionally writes JSON lines (`--json`), an SVG chart (`--plot`) and the same
-//! workloads on baselines (`--compare tokio,heap`). `--help` lists the flags.
+//! Runs the seven workloads of `load/WORKLOADS.md` (churn, storm, memory, idle, reset,
+//! timeouts, shrink) on 1..=cores submitting threads, prints a live progress bar per workload
+//! and then a report, and optionally writes JSON lines (`--json`), an SVG chart (`--plot`) and
+//! the same workloads on baselines (`--compare tokio,heap`, with each metric's ratio
+//! shardwheel/baseline in the report). `--repeat N` runs each (workload, threads) N times, the
+//! systems alternating within each repetition, and reports min / median / max of each metric
+//! and of the per-repetition ratios. `--help` lists the flags and the JSON format.
 //!
 //! The systems under test share one trait, [`system::System`]: shardwheel
 //! ([`system::Shardwheel`]), tokio's timer ([`tokio_timer::TokioTimer`]) and a JDK-style heap
@@ -19,13 +22,15 @@ mod probes;
 mod progress;
 mod report;
 pub mod rng;
+mod stats;
 pub mod system;
+mod timeouts;
 pub mod tokio_timer;
 mod workloads;
 
 use args::{Baseline, Config, Parsed, Workload};
 use heap::HeapTimerSystem;
-use progress::Ui;
+use progress::{Bar, Ui};
 use report::Report;
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -36,8 +41,11 @@ use tokio_timer::TokioTimer;
 /// The `shardwheel-load` command: parses the arguments, runs, reports.
 pub fn main() -> ExitCode {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
-    if arguments.first().map(String::as_str) == Some(workloads::MEMORY_CHILD_FLAG) {
-        return workloads::memory_child(&arguments[1..]);
+    if let Some(child) = arguments
+        .first()
+        .and_then(|flag| workloads::Child::from_flag(flag))
+    {
+        return workloads::child(child, &arguments[1..]);
     }
     let config = match args::parse(arguments) {
         Ok(Parsed::Run(config)) => *config,
@@ -69,22 +77,18 @@ fn run(config: &Config, report: &mut Report) -> ExitCode {
     print_header(config);
     let ui = Ui::new(config.progress && std::io::stderr().is_terminal());
     for &workload in &config.workloads {
-        run_workload::<Shardwheel>(workload, config, report, &ui);
-        for baseline in &config.compare {
-            match baseline {
-                Baseline::Tokio => run_workload::<TokioTimer>(workload, config, report, &ui),
-                Baseline::Heap => run_workload::<HeapTimerSystem>(workload, config, report, &ui),
-            }
-        }
+        run_workload(workload, config, report, &ui);
     }
+    report.run = 0;
     if config.probes {
         let mut bar = ui.bar("probes".to_string(), config.threads.len() + 1);
         probes::run(config, report, &mut bar);
         bar.finish();
     }
+    report.write_summary_json();
     print!("{}", report.render());
     if let Some(path) = &config.plot {
-        match plot::draw(&report.samples, path) {
+        match plot::draw(&report.medians(), path) {
             Ok(()) => println!("\nchart written to {}", path.display()),
             Err(error) => eprintln!("\nwarning: could not draw {}: {error}", path.display()),
         }
@@ -112,14 +116,83 @@ fn run(config: &Config, report: &mut Report) -> ExitCode {
     }
 }
 
-fn run_workload<S: System>(workload: Workload, config: &Config, report: &mut Report, ui: &Ui) {
-    let mut bar = ui.bar(
-        format!("{} {}", S::NAME, workload.name()),
-        workloads::segments(config, workload),
-    );
-    workloads::run::<S>(workload, config, report, &mut bar);
-    let seconds = bar.finish();
-    report.wall.push((S::NAME, workload.name(), seconds));
+/// A system under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SystemKind {
+    Shardwheel,
+    Baseline(Baseline),
+}
+
+impl SystemKind {
+    fn name(self) -> &'static str {
+        match self {
+            SystemKind::Shardwheel => Shardwheel::NAME,
+            SystemKind::Baseline(Baseline::Tokio) => TokioTimer::NAME,
+            SystemKind::Baseline(Baseline::Heap) => HeapTimerSystem::NAME,
+        }
+    }
+
+    /// Whether the system can run `workload` (the heap has no futures API for W6).
+    fn runs(self, workload: Workload) -> bool {
+        !(workload == Workload::Timeouts && self == SystemKind::Baseline(Baseline::Heap))
+    }
+}
+
+/// Runs `workload` on shardwheel and the baselines: for each size, thread count and
+/// repetition, every system once, in turn (sw, tokio, sw, tokio, ...), so that a drift of
+/// the machine's load hits all systems alike.
+fn run_workload(workload: Workload, config: &Config, report: &mut Report, ui: &Ui) {
+    let systems: Vec<SystemKind> = std::iter::once(SystemKind::Shardwheel)
+        .chain(config.compare.iter().map(|b| SystemKind::Baseline(*b)))
+        .filter(|system| {
+            let runs = system.runs(workload);
+            if !runs {
+                report.note(
+                    workload.name(),
+                    format!("{}: not run (no futures API)", system.name()),
+                );
+            }
+            runs
+        })
+        .collect();
+    let mut bars: Vec<(Bar, usize, f64)> = systems
+        .iter()
+        .map(|system| {
+            let bar = ui.bar(
+                format!("{} {}", system.name(), workload.name()),
+                workloads::segments(config, workload),
+            );
+            (bar, 0, 0.0)
+        })
+        .collect();
+    for n in workloads::sizes(config, workload) {
+        for &threads in &config.threads {
+            for repetition in 0..config.repeat {
+                report.run = repetition;
+                for (system, (bar, segment, seconds)) in systems.iter().zip(&mut bars) {
+                    bar.segment(*segment);
+                    let started = Instant::now();
+                    match system {
+                        SystemKind::Shardwheel => {
+                            workloads::run::<Shardwheel>(workload, config, n, threads, report, bar)
+                        }
+                        SystemKind::Baseline(Baseline::Tokio) => {
+                            workloads::run::<TokioTimer>(workload, config, n, threads, report, bar)
+                        }
+                        SystemKind::Baseline(Baseline::Heap) => workloads::run::<HeapTimerSystem>(
+                            workload, config, n, threads, report, bar,
+                        ),
+                    }
+                    *seconds += started.elapsed().as_secs_f64();
+                    *segment += 1;
+                }
+            }
+        }
+    }
+    for (system, (bar, _, seconds)) in systems.iter().zip(&bars) {
+        bar.finish_after(*seconds);
+        report.wall.push((system.name(), workload.name(), *seconds));
+    }
 }
 
 fn print_header(config: &Config) {
@@ -138,20 +211,29 @@ fn print_header(config: &Config) {
         .map(|n| workloads::size_label(*n))
         .collect();
     println!(
-        "shardwheel-load{}: workloads {} | threads {:?} | {} cores | loops {} s",
+        "shardwheel-load{}: workloads {} | threads {:?} | {} cores | loops {} s (timeouts {} s){}",
         if config.quick { " (quick)" } else { "" },
         names.join(","),
         config.threads,
         cores,
-        config.seconds
+        config.seconds,
+        config.timeouts_seconds,
+        if config.repeat > 1 {
+            format!(" | repeat {}", config.repeat)
+        } else {
+            String::new()
+        }
     );
     println!(
-        "sizes: churn P={} storm N={} memory N={} idle {} reset C={}{}",
+        "sizes: churn P={} storm N={} memory N={} idle {} reset C={} timeouts {} tasks/worker \
+         shrink N={}{}",
         workloads::size_label(config.churn_timers),
         workloads::size_label(config.storm_timers),
         memory.join(","),
         workloads::size_label(config.idle_timers),
         workloads::size_label(config.reset_timers),
+        config.timeout_tasks_per_worker,
+        workloads::size_label(config.shrink_timers),
         if config.compare.is_empty() {
             String::new()
         } else {
@@ -162,7 +244,7 @@ fn print_header(config: &Config) {
         println!("  {name}: {description}");
     }
     println!(
-        "  W3 reads RSS after malloc_trim(0) once it is stable; W4 lets the engine settle before \
-         its window; every timer's task captures its u64 id"
+        "  W3 reads RSS after malloc_trim(0) once it is stable, W7 once 1 s after its cancels; \
+         W4 lets the engine settle before its window; every timer's task captures its u64 id"
     );
 }

@@ -71,6 +71,12 @@ impl Bar {
         self.bar.set_message(message);
     }
 
+    /// Completes the bar, saying it ran `seconds` (its runs interleave with other bars').
+    pub(crate) fn finish_after(&self, seconds: f64) {
+        self.bar
+            .finish_with_message(format!("done in {seconds:.1} s"));
+    }
+
     /// Completes the bar; returns the seconds since it was created.
     pub(crate) fn finish(&self) -> f64 {
         let seconds = self.started.elapsed().as_secs_f64();

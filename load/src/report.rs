@@ -1,11 +1,17 @@
 //! Results: the JSON lines, the human tables, the lateness histograms, and the anomaly log
 //! (anything an engine did wrong: early fires, lost or doubled tasks, refused schedules).
+//!
+//! With `--repeat N`, every sample carries its repetition (`run`); the tables then show
+//! min / median / max over the runs ([`crate::stats`]), and the ratio shardwheel/baseline is
+//! taken per repetition (the two systems ran back to back) before it is summarized.
 
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::Path;
 use std::sync::Mutex;
+
+use crate::stats::{Summary, summarize};
 
 /// One measured value.
 #[derive(Clone, Debug)]
@@ -16,6 +22,8 @@ pub(crate) struct Sample {
     pub(crate) metric: &'static str,
     pub(crate) value: f64,
     pub(crate) unit: &'static str,
+    /// The repetition (0-based) of `--repeat` that measured it; not in the JSON line.
+    pub(crate) run: usize,
 }
 
 /// A storm's lateness distribution, as counts per bucket.
@@ -50,6 +58,8 @@ pub(crate) struct Report {
     pub(crate) wall: Vec<(&'static str, &'static str, f64)>,
     /// Free-form lines printed under a workload's table.
     pub(crate) notes: Vec<(String, String)>,
+    /// The repetition now running: stamped on every sample added.
+    pub(crate) run: usize,
     json: Option<BufWriter<File>>,
 }
 
@@ -107,6 +117,7 @@ impl Report {
             histograms: Vec::new(),
             wall: Vec::new(),
             notes: Vec::new(),
+            run: 0,
             json,
         })
     }
@@ -128,7 +139,13 @@ impl Report {
             metric,
             value,
             unit,
+            run: self.run,
         };
+        self.write_json(&sample);
+        self.samples.push(sample);
+    }
+
+    fn write_json(&mut self, sample: &Sample) {
         if let Some(json) = &mut self.json {
             let written = writeln!(json, "{}", sample.to_json()).and_then(|()| json.flush());
             if let Err(error) = written {
@@ -136,7 +153,153 @@ impl Report {
                 self.json = None;
             }
         }
-        self.samples.push(sample);
+    }
+
+    /// Whether some (system, workload, threads, metric) was measured more than once.
+    fn repeated(&self) -> bool {
+        self.samples.iter().any(|s| s.run > 0)
+    }
+
+    /// The values of one (system, workload, threads, metric), by repetition.
+    fn runs(
+        &self,
+        system: &str,
+        workload: &str,
+        threads: usize,
+        metric: &str,
+    ) -> Vec<(usize, f64)> {
+        self.samples
+            .iter()
+            .filter(|s| {
+                s.system == system
+                    && s.workload == workload
+                    && s.threads == threads
+                    && s.metric == metric
+            })
+            .map(|s| (s.run, s.value))
+            .collect()
+    }
+
+    /// The ratios shardwheel/`baseline` of the repetitions that measured both.
+    fn ratios(&self, baseline: &str, workload: &str, threads: usize, metric: &str) -> Vec<f64> {
+        let baseline_runs = self.runs(baseline, workload, threads, metric);
+        self.runs("shardwheel", workload, threads, metric)
+            .into_iter()
+            .filter_map(|(run, sw)| {
+                let (_, other) = baseline_runs.iter().find(|(r, _)| *r == run)?;
+                (*other != 0.0).then(|| sw / other)
+            })
+            .collect()
+    }
+
+    /// The distinct (system, workload, threads, metric, unit) keys, in the order measured.
+    fn keys(&self) -> Vec<(&'static str, &str, usize, &'static str, &'static str)> {
+        let mut keys = Vec::new();
+        for s in &self.samples {
+            let key = (s.system, s.workload.as_str(), s.threads, s.metric, s.unit);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        keys
+    }
+
+    /// With `--repeat`: writes the summary lines to the JSON file (`METRIC.min`,
+    /// `METRIC.median`, `METRIC.max` per system, and the same of the per-repetition ratios
+    /// with system `shardwheel/BASELINE` and unit `ratio`). Nothing without repetitions.
+    pub(crate) fn write_summary_json(&mut self) {
+        if self.json.is_none() || !self.repeated() {
+            return;
+        }
+        let mut lines = Vec::new();
+        let summary_samples = |system: &'static str,
+                               workload: &str,
+                               threads: usize,
+                               metric: &str,
+                               unit: &'static str,
+                               summary: Summary| {
+            [
+                ("min", summary.min),
+                ("median", summary.median),
+                ("max", summary.max),
+            ]
+            .map(|(statistic, value)| {
+                // The metric names are few and live as long as the run: leaking them keeps
+                // `Sample::metric` a plain `&'static str`.
+                let metric: &'static str =
+                    Box::leak(format!("{metric}.{statistic}").into_boxed_str());
+                Sample {
+                    system,
+                    workload: workload.to_string(),
+                    threads,
+                    metric,
+                    value,
+                    unit,
+                    run: 0,
+                }
+            })
+        };
+        let baselines: Vec<&'static str> = self
+            .systems()
+            .into_iter()
+            .filter(|s| *s != "shardwheel")
+            .collect();
+        for (system, workload, threads, metric, unit) in self.keys() {
+            let values: Vec<f64> = self
+                .runs(system, workload, threads, metric)
+                .into_iter()
+                .map(|(_, v)| v)
+                .collect();
+            if let Some(summary) = summarize(&values) {
+                lines.extend(summary_samples(
+                    system, workload, threads, metric, unit, summary,
+                ));
+            }
+            if system != "shardwheel" {
+                continue;
+            }
+            for baseline in &baselines {
+                let ratio_system: &'static str =
+                    Box::leak(format!("shardwheel/{baseline}").into_boxed_str());
+                if let Some(summary) = summarize(&self.ratios(baseline, workload, threads, metric))
+                {
+                    lines.extend(summary_samples(
+                        ratio_system,
+                        workload,
+                        threads,
+                        metric,
+                        "ratio",
+                        summary,
+                    ));
+                }
+            }
+        }
+        for line in &lines {
+            self.write_json(line);
+        }
+    }
+
+    /// One sample per key: the median over the repetitions (what `--plot` draws).
+    pub(crate) fn medians(&self) -> Vec<Sample> {
+        self.keys()
+            .into_iter()
+            .filter_map(|(system, workload, threads, metric, unit)| {
+                let values: Vec<f64> = self
+                    .runs(system, workload, threads, metric)
+                    .into_iter()
+                    .map(|(_, v)| v)
+                    .collect();
+                summarize(&values).map(|summary| Sample {
+                    system,
+                    workload: workload.to_string(),
+                    threads,
+                    metric,
+                    value: summary.median,
+                    unit,
+                    run: 0,
+                })
+            })
+            .collect()
     }
 
     /// A line to print under `workload`'s table.
@@ -171,14 +334,23 @@ impl Report {
                 workloads.push(&sample.workload);
             }
         }
+        let repeated = self.repeated();
+        let width = if repeated { 26 } else { 12 };
+        if repeated {
+            let _ = writeln!(
+                out,
+                "\n(each cell: min / median / max over the repetitions; sw/BASELINE: of the \
+                 per-repetition ratios)"
+            );
+        }
         for workload in workloads {
             let _ = writeln!(out, "\n== {workload} ==");
             let mut header = format!("{:<50} {:>3}", "metric", "T");
             for system in &systems {
-                let _ = write!(header, " {system:>12}");
+                let _ = write!(header, " {system:>width$}");
             }
             for baseline in &baselines {
-                let _ = write!(header, " {:>12}", format!("sw/{baseline}"));
+                let _ = write!(header, " {:>width$}", format!("sw/{baseline}"));
             }
             let _ = writeln!(out, "{header}");
             let mut metrics: Vec<(&'static str, &'static str)> = Vec::new();
@@ -194,31 +366,21 @@ impl Report {
             threads.sort_unstable();
             for (metric, unit) in metrics {
                 for &t in &threads {
-                    let value = |system: &str| {
-                        self.samples
-                            .iter()
-                            .find(|s| {
-                                s.workload == workload
-                                    && s.metric == metric
-                                    && s.threads == t
-                                    && s.system == system
-                            })
-                            .map(|s| s.value)
-                    };
                     let label = format!("{metric} [{unit}] {}", direction(metric));
                     let mut line = format!("{label:<50} {t:>3}");
                     for system in &systems {
-                        let cell = value(system).map_or("-".to_string(), |v| format_value(v, unit));
-                        let _ = write!(line, " {cell:>12}");
+                        let values: Vec<f64> = self
+                            .runs(system, workload, t, metric)
+                            .into_iter()
+                            .map(|(_, v)| v)
+                            .collect();
+                        let cell = summary_cell(&values, |v| format_value(v, unit));
+                        let _ = write!(line, " {cell:>width$}");
                     }
                     for baseline in &baselines {
-                        let cell = match (value("shardwheel"), value(baseline)) {
-                            (Some(sw), Some(other)) if other != 0.0 => {
-                                format!("{:.2}x", sw / other)
-                            }
-                            _ => "-".to_string(),
-                        };
-                        let _ = write!(line, " {cell:>12}");
+                        let ratios = self.ratios(baseline, workload, t, metric);
+                        let cell = summary_cell(&ratios, |r| format!("{r:.2}x"));
+                        let _ = write!(line, " {cell:>width$}");
                     }
                     let _ = writeln!(out, "{line}");
                 }
@@ -258,6 +420,23 @@ impl Report {
             out.push_str(&render_histogram(histogram));
         }
         out
+    }
+}
+
+/// A table cell: "-" for no value, the value, or "min / median / max" of several.
+fn summary_cell(values: &[f64], format: impl Fn(f64) -> String) -> String {
+    match values {
+        [] => "-".to_string(),
+        [value] => format(*value),
+        _ => match summarize(values) {
+            Some(summary) => format!(
+                "{} / {} / {}",
+                format(summary.min),
+                format(summary.median),
+                format(summary.max)
+            ),
+            None => "n/a".to_string(),
+        },
     }
 }
 
@@ -355,6 +534,7 @@ mod tests {
             metric: "churn_pairs_per_s",
             value: 1234.5,
             unit: "pairs/s",
+            run: 0,
         };
         assert_eq!(
             sample.to_json(),
@@ -362,6 +542,92 @@ mod tests {
         );
         assert_eq!(json_number(1e6), "1000000");
         assert_eq!(json_number(f64::NAN), "null");
+    }
+
+    /// Two repetitions of shardwheel and tokio, alternating as the runner does.
+    fn repeated_report(json: Option<&Path>) -> Report {
+        let mut report = Report::new(json).unwrap();
+        for (run, sw, tokio) in [(0, 300.0, 100.0), (1, 100.0, 100.0), (2, 400.0, 200.0)] {
+            report.run = run;
+            report.add(
+                "shardwheel",
+                "timeouts",
+                1,
+                "timeouts_per_s",
+                sw,
+                "timeouts/s",
+            );
+            report.add(
+                "tokio",
+                "timeouts",
+                1,
+                "timeouts_per_s",
+                tokio,
+                "timeouts/s",
+            );
+        }
+        report
+    }
+
+    #[test]
+    fn ratios_pair_the_runs_of_one_repetition() {
+        let report = repeated_report(None);
+        assert_eq!(
+            report.ratios("tokio", "timeouts", 1, "timeouts_per_s"),
+            vec![3.0, 1.0, 2.0]
+        );
+        assert!(
+            report
+                .ratios("heap", "timeouts", 1, "timeouts_per_s")
+                .is_empty()
+        );
+        let medians = report.medians();
+        assert_eq!(medians.len(), 2);
+        assert_eq!(medians[0].value, 300.0);
+        assert_eq!(medians[1].value, 100.0);
+        let table = report.render();
+        assert!(table.contains("100.0 / 300.0 / 400.0"), "{table}");
+        assert!(table.contains("1.00x / 2.00x / 3.00x"), "{table}");
+    }
+
+    #[test]
+    fn summary_json_lines_follow_the_run_lines() {
+        let path = std::env::temp_dir().join(format!(
+            "shardwheel-load-summary-{}.jsonl",
+            std::process::id()
+        ));
+        let mut report = repeated_report(Some(&path));
+        report.write_summary_json();
+        drop(report);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 6 + 3 + 3 + 3, "{text}");
+        assert!(
+            lines[..6]
+                .iter()
+                .all(|l| l.contains(r#""metric":"timeouts_per_s","#))
+        );
+        assert!(lines.contains(
+            &r#"{"system":"shardwheel","workload":"timeouts","threads":1,"metric":"timeouts_per_s.median","value":300,"unit":"timeouts/s"}"#
+        ));
+        assert!(lines.contains(
+            &r#"{"system":"shardwheel/tokio","workload":"timeouts","threads":1,"metric":"timeouts_per_s.max","value":3,"unit":"ratio"}"#
+        ));
+        assert!(lines.contains(
+            &r#"{"system":"tokio","workload":"timeouts","threads":1,"metric":"timeouts_per_s.min","value":100,"unit":"timeouts/s"}"#
+        ));
+    }
+
+    #[test]
+    fn a_single_run_keeps_single_cells_and_no_summary() {
+        let mut report = Report::new(None).unwrap();
+        report.add("shardwheel", "reset", 1, "resets_per_s", 2e6, "resets/s");
+        report.add("tokio", "reset", 1, "resets_per_s", 1e6, "resets/s");
+        assert!(!report.repeated());
+        let table = report.render();
+        assert!(table.contains("2.00x") && !table.contains(" / "), "{table}");
+        assert_eq!(summary_cell(&[], |v| v.to_string()), "-");
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! The five workloads of `load/WORKLOADS.md`, generic over the system under test. Each run
-//! builds a fresh engine (default configuration) and shuts it down afterwards.
+//! The workloads of `load/WORKLOADS.md`, generic over the system under test. Each run
+//! builds a fresh engine (default configuration) and shuts it down afterwards. W6 (timeouts)
+//! lives in `timeouts.rs`; W3 (memory) and W7 (shrink) run in a child process each.
 
 use crate::args::{Config, Workload};
 use crate::job::{Job, StormSink, plain_fires};
-use crate::measure::{process_cpu_time, settled_rss, trim_allocator};
+use crate::measure::{process_cpu_time, rss_bytes, settled_rss, trim_allocator};
 use crate::progress::{Bar, Counters, watch_counts, watch_time};
 use crate::report::{Histogram, Report, anomaly};
 use crate::rng::{Rng, for_thread as rng_for, uniform};
@@ -30,46 +31,46 @@ pub(crate) fn size_label(n: usize) -> String {
     }
 }
 
-/// How many segments (runs) the bar of `workload` has.
-pub(crate) fn segments(config: &Config, workload: Workload) -> usize {
+/// The sizes `workload` runs at: the N values of the memory workload, else one (unused) 0.
+pub(crate) fn sizes(config: &Config, workload: Workload) -> Vec<usize> {
     match workload {
-        Workload::Memory => config.threads.len() * config.memory_timers.len(),
-        _ => config.threads.len(),
+        Workload::Memory => config.memory_timers.clone(),
+        Workload::Shrink => vec![config.shrink_timers],
+        _ => vec![0],
     }
 }
 
-/// Runs `workload` on system `S` for every thread count, adding its metrics to `report`.
+/// How many segments (runs) the bar of `workload` has: one per size, thread count and
+/// repetition.
+pub(crate) fn segments(config: &Config, workload: Workload) -> usize {
+    config.threads.len() * sizes(config, workload).len() * config.repeat
+}
+
+/// Runs `workload` once on system `S` with `threads` threads (and size `n`, see [`sizes`]),
+/// adding its metrics to `report`.
 pub(crate) fn run<S: System>(
     workload: Workload,
     config: &Config,
+    n: usize,
+    threads: usize,
     report: &mut Report,
     bar: &mut Bar,
 ) {
     let fires_before = plain_fires();
-    let mut segment = 0;
-    for &threads in &config.threads {
-        // One segment per run: memory runs once per size, the others once.
-        let sizes: &[usize] = match workload {
-            Workload::Memory => &config.memory_timers,
-            _ => &[0],
-        };
-        for &n in sizes {
-            bar.segment(segment);
-            match workload {
-                Workload::Churn => churn::<S>(config, threads, report, bar),
-                Workload::Storm => storm::<S>(config, threads, report, bar),
-                Workload::Memory => memory_in_child::<S>(config, n, threads, report, bar),
-                Workload::Idle => idle::<S>(config, threads, report, bar),
-                Workload::Reset => reset::<S>(config, threads, report, bar),
-            }
-            segment += 1;
-        }
-        // Hand the garbage of this run back to the OS now (glibc consolidates its free
-        // lists here), so that the next run does not pay for it: millions of freed small
-        // chunks otherwise make some later malloc walk them all, stalling whichever thread
-        // (e.g. a shard's) makes it.
-        trim_allocator();
+    match workload {
+        Workload::Churn => churn::<S>(config, threads, report, bar),
+        Workload::Storm => storm::<S>(config, threads, report, bar),
+        Workload::Memory => in_child::<S>(Child::Memory, config, n, threads, report, bar),
+        Workload::Idle => idle::<S>(config, threads, report, bar),
+        Workload::Reset => reset::<S>(config, threads, report, bar),
+        Workload::Timeouts => crate::timeouts::run::<S>(config, threads, report, bar),
+        Workload::Shrink => in_child::<S>(Child::Shrink, config, n, threads, report, bar),
     }
+    // Hand the garbage of this run back to the OS now (glibc consolidates its free lists
+    // here), so that the next run does not pay for it: millions of freed small chunks
+    // otherwise make some later malloc walk them all, stalling whichever thread (e.g. a
+    // shard's) makes it.
+    trim_allocator();
     let unexpected = plain_fires() - fires_before;
     if unexpected != 0 {
         anomaly(format!(
@@ -489,25 +490,85 @@ const MEMORY_METRICS: [(&str, &str); 5] = [
     ("handle_bytes", "bytes"),
 ];
 
+/// The metrics of W7, with their units.
+const SHRINK_METRICS: [(&str, &str); 3] = [
+    ("bytes_per_live_timer_after_shrink", "bytes"),
+    ("peak_bytes_per_timer", "bytes"),
+    ("live_timers", "count"),
+];
+
 /// The hidden first argument that makes the binary one W3 run in a fresh process.
 pub(crate) const MEMORY_CHILD_FLAG: &str = "--w3-child";
 
-/// W3 in a fresh process: resident memory depends on what the allocator kept from earlier
-/// workloads (freed but still resident, or reused), so each (system, N, T) run gets its own
-/// process, started from this same binary with [`MEMORY_CHILD_FLAG`].
-fn memory_in_child<S: System>(
+/// The hidden first argument that makes the binary one W7 run in a fresh process.
+pub(crate) const SHRINK_CHILD_FLAG: &str = "--w7-child";
+
+/// A workload that measures resident memory, so runs in a fresh process of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Child {
+    /// W3.
+    Memory,
+    /// W7.
+    Shrink,
+}
+
+impl Child {
+    /// The child of a hidden first argument, if it is one.
+    pub(crate) fn from_flag(flag: &str) -> Option<Child> {
+        [Child::Memory, Child::Shrink]
+            .into_iter()
+            .find(|child| child.flag() == flag)
+    }
+
+    fn flag(self) -> &'static str {
+        match self {
+            Child::Memory => MEMORY_CHILD_FLAG,
+            Child::Shrink => SHRINK_CHILD_FLAG,
+        }
+    }
+
+    fn metrics(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Child::Memory => &MEMORY_METRICS,
+            Child::Shrink => &SHRINK_METRICS,
+        }
+    }
+
+    /// The workload's name in the report: `memory_1M`, `shrink`.
+    fn workload(self, n: usize) -> String {
+        match self {
+            Child::Memory => format!("memory_{}", size_label(n)),
+            Child::Shrink => "shrink".to_string(),
+        }
+    }
+
+    fn measure<S: System>(self, config: &Config, n: usize, threads: usize, report: &mut Report) {
+        let bar = crate::progress::Ui::new(false).bar(String::new(), 1);
+        match self {
+            Child::Memory => memory::<S>(config, n, threads, report, &bar),
+            Child::Shrink => shrink::<S>(config, n, threads, report, &bar),
+        }
+    }
+}
+
+/// W3 or W7 in a fresh process: resident memory depends on what the allocator kept from
+/// earlier workloads (freed but still resident, or reused), so each (system, N, T) run gets
+/// its own process, started from this same binary with the child's flag
+/// ([`MEMORY_CHILD_FLAG`], [`SHRINK_CHILD_FLAG`]).
+fn in_child<S: System>(
+    child_kind: Child,
     config: &Config,
     n: usize,
     threads: usize,
     report: &mut Report,
     bar: &Bar,
 ) {
-    let workload = format!("memory_{}", size_label(n));
+    let workload = child_kind.workload(n);
     let label = format!("T={threads} N={} (fresh process)", size_label(n));
     let spawned = std::env::current_exe().and_then(|exe| {
         std::process::Command::new(exe)
             .args([
-                MEMORY_CHILD_FLAG.to_string(),
+                child_kind.flag().to_string(),
                 S::NAME.to_string(),
                 n.to_string(),
                 threads.to_string(),
@@ -565,7 +626,10 @@ fn memory_in_child<S: System>(
         let mut fields = line.splitn(3, '\t');
         match (fields.next(), fields.next(), fields.next()) {
             (Some("SAMPLE"), Some(metric), Some(value)) => {
-                let known = MEMORY_METRICS.iter().find(|(name, _)| *name == metric);
+                let known = child_kind
+                    .metrics()
+                    .iter()
+                    .find(|(name, _)| *name == metric);
                 match (known, value.parse::<f64>()) {
                     (Some((metric, unit)), Ok(value)) => {
                         report.add(S::NAME, &workload, threads, metric, value, unit);
@@ -588,9 +652,9 @@ fn memory_in_child<S: System>(
     }
 }
 
-/// The child side of [`memory_in_child`]: `--w3-child SYSTEM N THREADS QUICK`. Prints
-/// `SAMPLE\tmetric\tvalue`, `NOTE\ttext` and `ANOMALY\ttext` lines.
-pub(crate) fn memory_child(args: &[String]) -> std::process::ExitCode {
+/// The child side of [`in_child`]: `--w3-child SYSTEM N THREADS QUICK` (or `--w7-child`).
+/// Prints `SAMPLE\tmetric\tvalue`, `NOTE\ttext` and `ANOMALY\ttext` lines.
+pub(crate) fn child(child_kind: Child, args: &[String]) -> std::process::ExitCode {
     let parsed = match args {
         [system, n, threads, quick] => match (n.parse::<usize>(), threads.parse::<usize>()) {
             (Ok(n), Ok(threads)) if n > 0 && threads > 0 => {
@@ -601,7 +665,10 @@ pub(crate) fn memory_child(args: &[String]) -> std::process::ExitCode {
         _ => None,
     };
     let Some((system, n, threads, quick)) = parsed else {
-        eprintln!("error: {MEMORY_CHILD_FLAG} expects SYSTEM N THREADS QUICK");
+        eprintln!(
+            "error: {} expects SYSTEM N THREADS QUICK",
+            child_kind.flag()
+        );
         return std::process::ExitCode::from(2);
     };
     let config = crate::args::Config {
@@ -612,11 +679,16 @@ pub(crate) fn memory_child(args: &[String]) -> std::process::ExitCode {
         Ok(report) => report,
         Err(_) => return std::process::ExitCode::FAILURE,
     };
-    let bar = crate::progress::Ui::new(false).bar(String::new(), 1);
     match system {
-        "shardwheel" => memory::<crate::system::Shardwheel>(&config, n, threads, &mut report, &bar),
-        "tokio" => memory::<crate::tokio_timer::TokioTimer>(&config, n, threads, &mut report, &bar),
-        "heap" => memory::<crate::heap::HeapTimerSystem>(&config, n, threads, &mut report, &bar),
+        "shardwheel" => {
+            child_kind.measure::<crate::system::Shardwheel>(&config, n, threads, &mut report)
+        }
+        "tokio" => {
+            child_kind.measure::<crate::tokio_timer::TokioTimer>(&config, n, threads, &mut report)
+        }
+        "heap" => {
+            child_kind.measure::<crate::heap::HeapTimerSystem>(&config, n, threads, &mut report)
+        }
         other => {
             eprintln!("error: unknown system '{other}'");
             return std::process::ExitCode::from(2);
@@ -784,6 +856,141 @@ fn memory<S: System>(config: &Config, n: usize, threads: usize, report: &mut Rep
             before as f64 / 1048576.0,
             loaded as f64 / 1048576.0,
             after_cancel as f64 / 1048576.0,
+        ),
+    );
+}
+
+/// W7: N long timers, then each thread cancels a random 90% of its own timers (dropping
+/// their handles); resident memory 1 s after the last cancel, against the peak.
+fn shrink<S: System>(config: &Config, n: usize, threads: usize, report: &mut Report, bar: &Bar) {
+    let run_started = Instant::now();
+    let label = format!("T={threads} N={}", size_label(n));
+    let sys = S::build();
+    // The handles' storage is the caller's memory: allocated and touched before the first
+    // reading, as in W3.
+    let mut slots = empty_slots::<S::Handle>(n);
+    let max_wait = Duration::from_secs(if config.quick { 2 } else { 10 });
+    let tolerance = 64 * 1024 + n as u64 / 1000;
+    let before = settled_rss(tolerance, max_wait);
+    fill(
+        &sys,
+        &mut slots,
+        threads,
+        bar,
+        (0.0, 0.4),
+        &format!("{label} schedule"),
+        |sys, rng, id| sys.schedule(uniform(rng, 3600, 86_400), Job::plain(id as u64)),
+    );
+    let refused = count_missing(&slots);
+    let peak = settled_rss(tolerance, max_wait);
+
+    // Each thread cancels a random 90% of its own chunk (each timer with probability 9/10).
+    let barrier = Barrier::new(threads + 1);
+    let mut rest = &mut slots[..];
+    let mut chunks = Vec::new();
+    for index in 0..threads {
+        let (head, tail) = rest.split_at_mut(chunk(n, threads, index).len());
+        chunks.push(head);
+        rest = tail;
+    }
+    let outcomes: Vec<(Instant, u64)> = thread::scope(|scope| {
+        let workers: Vec<_> = chunks
+            .into_iter()
+            .enumerate()
+            .map(|(index, slots)| {
+                let (sys, barrier) = (&sys, &barrier);
+                scope.spawn(move || {
+                    sys.on_thread(|| {
+                        let mut rng = rng_for(index + 2000);
+                        barrier.wait();
+                        let mut failed = 0u64;
+                        for slot in slots.iter_mut() {
+                            if rng.u32(0..10) != 0
+                                && let Some(handle) = slot.take()
+                                && !sys.cancel(handle)
+                            {
+                                failed += 1;
+                            }
+                        }
+                        (Instant::now(), failed)
+                    })
+                })
+            })
+            .collect();
+        barrier.wait();
+        bar.set(0.5, format!("{label} cancelling 90%"));
+        workers
+            .into_iter()
+            .map(|worker| worker.join().expect("a cancelling thread panicked"))
+            .collect()
+    });
+    let cancels_done = outcomes
+        .iter()
+        .map(|o| o.0)
+        .max()
+        .expect("at least one thread");
+    let failed: u64 = outcomes.iter().map(|o| o.1).sum();
+    let live = n - count_missing(&slots);
+    bar.set(0.7, format!("{label} waiting 1 s"));
+    thread::sleep(
+        (cancels_done + Duration::from_secs(1)).saturating_duration_since(Instant::now()),
+    );
+    // One reading, after the same trim as W3's readings (no waiting for it to settle: the
+    // engine has had its 1 s).
+    trim_allocator();
+    let after = rss_bytes();
+    let late_by = (Instant::now() - cancels_done).as_secs_f64() - 1.0;
+    sys.shutdown();
+    drop(slots);
+
+    if refused != 0 {
+        anomaly(format!(
+            "{}: shrink T={threads}: {refused} schedules refused",
+            S::NAME
+        ));
+    }
+    if failed != 0 {
+        anomaly(format!(
+            "{}: shrink T={threads}: {failed} cancels of pending timers returned false",
+            S::NAME
+        ));
+    }
+    report.add(
+        S::NAME,
+        "shrink",
+        threads,
+        "bytes_per_live_timer_after_shrink",
+        (after as i128 - before as i128) as f64 / live.max(1) as f64,
+        "bytes",
+    );
+    report.add(
+        S::NAME,
+        "shrink",
+        threads,
+        "peak_bytes_per_timer",
+        (peak as i128 - before as i128) as f64 / n as f64,
+        "bytes",
+    );
+    report.add(
+        S::NAME,
+        "shrink",
+        threads,
+        "live_timers",
+        live as f64,
+        "count",
+    );
+    report.note(
+        "shrink",
+        format!(
+            "{} T={threads}: run took {:.1} s; RSS before {:.1} MiB, peak {:.1} MiB ({} timers), \
+             1 s after the cancels {:.1} MiB ({live} live; read {:.0} ms past the 1 s)",
+            S::NAME,
+            run_started.elapsed().as_secs_f64(),
+            before as f64 / 1048576.0,
+            peak as f64 / 1048576.0,
+            n - refused,
+            after as f64 / 1048576.0,
+            late_by * 1000.0,
         ),
     );
 }
