@@ -3,7 +3,7 @@
 use crate::TimerHandle;
 use crate::clock::{Clock, Driven, TickClock};
 use crate::engine::executor::{Dispatch, Executor, Pool};
-use crate::engine::shard::{PendingLimit, ShardCore, ShardShared, UnfiredTimer};
+use crate::engine::shard::{PendingLimit, ShardOwner, ShardShared, UnfiredTimer};
 use crate::engine::{Drive, Engine, worker};
 use crate::error::{BuildError, ScheduleError};
 use crate::futures::{Interval, Sleep, Timeout};
@@ -501,9 +501,9 @@ impl Builder {
         let shards: Box<[Arc<ShardShared>]> = (0..shard_count)
             .map(|_| Arc::new(ShardShared::new(clock.clone(), limit.clone())))
             .collect();
-        let cores: Vec<ShardCore> = shards
+        let cores: Vec<ShardOwner> = shards
             .iter()
-            .map(|shard| ShardCore::new(shard.clone(), self.levels))
+            .map(|shard| ShardOwner::new(shard.clone(), self.levels))
             .collect();
 
         if self.clock.is_manual() {
@@ -590,8 +590,8 @@ impl Builder {
 #[cfg(not(loom))]
 fn spawn_worker(
     ordinal: usize,
-    run: impl FnOnce() -> Option<ShardCore> + Send + 'static,
-) -> std::io::Result<thread::JoinHandle<Option<ShardCore>>> {
+    run: impl FnOnce() -> Option<ShardOwner> + Send + 'static,
+) -> std::io::Result<thread::JoinHandle<Option<ShardOwner>>> {
     thread::Builder::new()
         .name(format!("shardwheel-shard-{ordinal}"))
         .spawn(run)
@@ -600,7 +600,7 @@ fn spawn_worker(
 #[cfg(loom)]
 fn spawn_worker(
     _ordinal: usize,
-    run: impl FnOnce() -> Option<ShardCore> + Send + 'static,
-) -> std::io::Result<thread::JoinHandle<Option<ShardCore>>> {
+    run: impl FnOnce() -> Option<ShardOwner> + Send + 'static,
+) -> std::io::Result<thread::JoinHandle<Option<ShardOwner>>> {
     Ok(thread::spawn(run))
 }

@@ -22,7 +22,7 @@
 //! | every `pool.spawn` body ([`Dispatch::spill`], [`Dispatch::hand_off`]) | the job as a whole |
 //! | [`Dispatch::hand_off`], shutdown's `close` | tasks of cancelled or ended timers: dropped |
 //! | `ShardShared::discard_late_messages`, `ShardShared::submit`'s refusals | tasks in late messages, tasks of refused schedules: dropped |
-//! | `Drop` of `Handoff`, `ShardCore` and `ShardShared` (its inbox) | tasks still held when they go (a failed shard): dropped |
+//! | `Drop` of `Handoff`, `ShardOwner` and `ShardShared` (its inbox) | tasks still held when they go (a failed shard): dropped |
 //!
 //! Dropping on the shard thread happens only after the turn let go of the shard's state (the
 //! turn collects tasks into a `Handoff`, see `shard.rs`), so user code never sees the shard

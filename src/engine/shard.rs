@@ -1,5 +1,5 @@
 //! A shard: the state other threads share with it ([`ShardShared`]) and the state only its
-//! owner touches ([`ShardCore`]: the wheel, the tasks, local counters).
+//! owner touches ([`ShardOwner`]: the wheel, the tasks, local counters).
 
 use super::executor::{drop_contained, drop_uncounted};
 use super::handle::TimerHandle;
@@ -11,7 +11,7 @@ use crate::error::ScheduleError;
 use crate::stats::{LocalLateness, ShardCounters};
 use crate::sync::{Arc, AtomicUsize, Ordering};
 use crate::task::Task;
-use crate::wheel::core::{LinkStore, Links, WheelCore};
+use crate::wheel::raw::{LinkStore, Links, RawWheel};
 use crossbeam_utils::CachePadded;
 use std::time::{Duration, Instant};
 
@@ -19,10 +19,10 @@ use std::time::{Duration, Instant};
 /// submissions cannot delay expiry.
 pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
 /// How long a shard's entry table and slot table stay allocated after its last timer left (see
-/// [`ShardCore::release_idle_memory`]); also the first wait before trying the slot table again.
-pub(crate) const RELEASE_DELAY: Duration = Duration::from_millis(20);
+/// [`ShardOwner::reclaim_idle_memory`]); also the first wait before trying the slot table again.
+pub(crate) const RECLAIM_DELAY: Duration = Duration::from_millis(20);
 /// The longest wait between tries to release a slot table whose slots are still held.
-pub(crate) const RELEASE_RETRY_MAX: Duration = Duration::from_secs(1);
+pub(crate) const RECLAIM_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// The engine-wide `max_pending` limit: an exact count of pending timers.
 #[derive(Debug)]
@@ -49,9 +49,9 @@ impl PendingLimit {
     }
 
     /// Gives back `count` places.
-    pub(crate) fn release(&self, count: usize) {
+    pub(crate) fn give_back(&self, count: usize) {
         let old = self.pending.fetch_sub(count, Ordering::AcqRel);
-        debug_assert!(old >= count, "pending limit released {count} of {old}");
+        debug_assert!(old >= count, "pending limit gave back {count} of {old}");
     }
 
     pub(crate) fn pending(&self) -> usize {
@@ -120,7 +120,7 @@ impl ShardShared {
             .cancelled
             .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
         if let Some(limit) = &self.limit {
-            limit.release(count as usize);
+            limit.give_back(count as usize);
         }
     }
 
@@ -145,7 +145,7 @@ impl ShardShared {
         }
         let Some((index, generation)) = shard.slots.allocate() else {
             if let Some(limit) = &shard.limit {
-                limit.release(1);
+                limit.give_back(1);
             }
             return refuse(task, ScheduleError::Full);
         };
@@ -182,7 +182,7 @@ impl ShardShared {
                     .scheduled
                     .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
                 if let Some(limit) = &shard.limit {
-                    limit.release(1);
+                    limit.give_back(1);
                 }
                 if drained {
                     shard.discard_late_messages();
@@ -193,9 +193,9 @@ impl ShardShared {
     }
 
     /// Gives back `count` places of the `max_pending` limit, if there is one.
-    pub(crate) fn release_limit(&self, count: usize) {
+    pub(crate) fn give_back_places(&self, count: usize) {
         if let (Some(limit), true) = (&self.limit, count > 0) {
-            limit.release(count);
+            limit.give_back(count);
         }
     }
 
@@ -310,14 +310,14 @@ impl LinkStore for Store<'_> {
 
 /// Owner-only state of a shard: touched by exactly one thread at a time (its worker thread, or
 /// whoever drives it by hand), so no locks or atomics inside.
-pub(crate) struct ShardCore {
+pub(crate) struct ShardOwner {
     pub(crate) shared: Arc<ShardShared>,
-    wheel: WheelCore,
+    wheel: RawWheel,
     entries: Entries,
     /// Entries holding a timer (its task, or the place of a repeating task out running).
     live: usize,
     /// The tick at which the entry table, empty since, is given back, or the slot table's
-    /// release is tried (again) (see [`release_idle_memory`](Self::release_idle_memory));
+    /// release is tried (again) (see [`reclaim_idle_memory`](Self::reclaim_idle_memory));
     /// `u64::MAX`: not planned.
     release_at: u64,
     /// One more than the highest slot index a `Schedule` grew the entry table to since the
@@ -383,11 +383,11 @@ impl Drop for Handoff {
     }
 }
 
-impl ShardCore {
-    pub(crate) fn new(shared: Arc<ShardShared>, levels: usize) -> ShardCore {
-        ShardCore {
+impl ShardOwner {
+    pub(crate) fn new(shared: Arc<ShardShared>, levels: usize) -> ShardOwner {
+        ShardOwner {
             shared,
-            wheel: WheelCore::new(levels),
+            wheel: RawWheel::new(levels),
             entries: Entries(Vec::new()),
             live: 0,
             release_at: u64::MAX,
@@ -547,7 +547,7 @@ impl ShardCore {
                         self.live -= 1;
                         if end == RunEnd::Stopped {
                             self.fired += 1;
-                            self.shared.release_limit(1);
+                            self.shared.give_back_places(1);
                         }
                         handoff.dropped.extend(task);
                     }
@@ -604,7 +604,7 @@ impl ShardCore {
                             shared.slots.free_fired(index);
                         }
                         if handoff.expired.len() >= spill_every {
-                            shared.release_limit((fired - released) as usize);
+                            shared.give_back_places((fired - released) as usize);
                             released = fired;
                             spill(std::mem::take(&mut handoff.expired));
                         }
@@ -625,7 +625,7 @@ impl ShardCore {
             });
         self.fired += fired;
         self.live -= fired as usize;
-        self.shared.release_limit((fired - released) as usize);
+        self.shared.give_back_places((fired - released) as usize);
         fired as usize
     }
 
@@ -640,17 +640,17 @@ impl ShardCore {
     }
 
     /// Gives the entry table's and the slot table's memory back once no timer has been left in
-    /// them for [`RELEASE_DELAY`] (after a mass cancel, or the end of a storm): every entry is
+    /// them for [`RECLAIM_DELAY`] (after a mass cancel, or the end of a storm): every entry is
     /// vacant then, and a later schedule grows it again. The delay keeps the unmapping
     /// (milliseconds for a large table) off the moment the last timers fire, when their tasks
     /// are still running.
     ///
     /// The slot table can be released only once every slot is free, that is once every handle
     /// of its timers is gone ([`SlotTable::try_release`]). While some are held, the shard tries
-    /// again after 20 ms, 40 ms, ... up to [`RELEASE_RETRY_MAX`], walking the free list again
+    /// again after 20 ms, 40 ms, ... up to [`RECLAIM_RETRY_MAX`], walking the free list again
     /// only if it changed; once it has not changed for a whole longest wait, the shard stops
     /// (an idle engine must not wake forever), until a later turn finds it changed.
-    pub(crate) fn release_idle_memory(&mut self, now_tick: u64) {
+    pub(crate) fn reclaim_idle_memory(&mut self, now_tick: u64) {
         /// An entry table this small is kept. No larger than `RELEASE_ABOVE`: `slots_seen`
         /// grows only when a `Schedule` grows the entry table, so after a release, a table
         /// that kept up to `KEEP` entries must still see every index above `RELEASE_ABOVE`.
@@ -680,7 +680,7 @@ impl ShardCore {
                 // Gave up on the slot table, and nothing was freed since.
                 return;
             }
-            let delay = self.shared.clock.ticks_in(RELEASE_DELAY).max(1);
+            let delay = self.shared.clock.ticks_in(RECLAIM_DELAY).max(1);
             self.release_at = now_tick.saturating_add(delay);
             return;
         }
@@ -715,11 +715,11 @@ impl ShardCore {
             Release::Busy { head } => {
                 let unchanged = self.release_failed_head == Some(head);
                 self.release_failed_head = Some(head);
-                let longest = self.shared.clock.ticks_in(RELEASE_RETRY_MAX).max(1);
+                let longest = self.shared.clock.ticks_in(RECLAIM_RETRY_MAX).max(1);
                 if unchanged && self.release_backoff >= longest {
                     return; // Give up until a later turn finds the list changed.
                 }
-                let first = self.shared.clock.ticks_in(RELEASE_DELAY).max(1);
+                let first = self.shared.clock.ticks_in(RECLAIM_DELAY).max(1);
                 // At least 20 times the walk's own time: an application that keeps many
                 // handles and drops them slowly costs the idle shard at most 5% of a core.
                 let walk_bound = self
@@ -792,7 +792,7 @@ impl ShardCore {
             *entry = VACANT;
             shared.slots.release_by_shard(index);
         }
-        self.wheel = WheelCore::new(1);
+        self.wheel = RawWheel::new(1);
         self.flush_counters();
         for wake in handoff.inline.drain(..) {
             super::executor::run_task(wake, &shared);
@@ -804,7 +804,7 @@ impl ShardCore {
     }
 }
 
-impl Drop for ShardCore {
+impl Drop for ShardOwner {
     /// Tasks still stored (only when a failed shard's core goes without `close`, or a test
     /// drops a core) are user code: dropped contained, after the entry table left the core.
     fn drop(&mut self) {
@@ -823,10 +823,10 @@ mod tests {
 
     /// A shard driven by hand (ticks of 1 ms), holding `count` cancelled timers whose handles
     /// are all dropped but the last, which is returned.
-    fn idle_shard_holding_one_handle(count: usize) -> (ShardCore, TimerHandle) {
+    fn idle_shard_holding_one_handle(count: usize) -> (ShardOwner, TimerHandle) {
         let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
         let shared = Arc::new(ShardShared::new(clock, None));
-        let mut core = ShardCore::new(shared.clone(), 2);
+        let mut core = ShardOwner::new(shared.clone(), 2);
         let mut handoff = Handoff::default();
         let mut handles: Vec<TimerHandle> = (0..count)
             .map(|_| ShardShared::submit(&shared, 1_000_000, Task::new(|| {})).unwrap())
@@ -844,12 +844,12 @@ mod tests {
 
     /// Runs the shard's housekeeping at each tick it asks to be woken at, from `now`, until it
     /// asks for nothing; returns the wake-ups and the tick it stopped at.
-    fn run_housekeeping(core: &mut ShardCore, mut now: u64) -> (usize, u64) {
+    fn run_housekeeping(core: &mut ShardOwner, mut now: u64) -> (usize, u64) {
         let mut wakes = 0;
         while let Some(tick) = core.next_work() {
             assert!(tick > now, "housekeeping due at {tick}, now {now}");
             now = tick;
-            core.release_idle_memory(now);
+            core.reclaim_idle_memory(now);
             wakes += 1;
             assert!(wakes < 100, "housekeeping never stops");
         }
@@ -859,7 +859,7 @@ mod tests {
     #[test]
     fn idle_shard_retries_then_stops_and_resumes_when_a_handle_drops() {
         let (mut core, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
-        core.release_idle_memory(0);
+        core.reclaim_idle_memory(0);
         assert_eq!(
             core.next_work(),
             Some(20),
@@ -883,11 +883,11 @@ mod tests {
             }
         );
         // A later turn with nothing changed plans nothing.
-        core.release_idle_memory(stopped + 5000);
+        core.reclaim_idle_memory(stopped + 5000);
         assert_eq!(core.next_work(), None);
         // The last handle goes: the next turn plans a try, which releases.
         drop(held);
-        core.release_idle_memory(stopped + 6000);
+        core.reclaim_idle_memory(stopped + 6000);
         assert_eq!(core.next_work(), Some(stopped + 6020));
         let (wakes, _) = run_housekeeping(&mut core, stopped + 6000);
         assert_eq!(wakes, 1);
@@ -903,14 +903,14 @@ mod tests {
     fn idle_shard_releases_everything_in_one_turn() {
         let (mut core, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
         drop(held);
-        core.release_idle_memory(0);
+        core.reclaim_idle_memory(0);
         let (wakes, _) = run_housekeeping(&mut core, 0);
         assert_eq!(wakes, 1);
         assert_eq!(core.entries.0.capacity(), 0);
         assert_eq!(core.slots_seen, 0);
         assert_eq!(core.shared.slots.try_release(), Release::Nothing);
         // Idle with nothing left to give back: no wake-up is planned.
-        core.release_idle_memory(1000);
+        core.reclaim_idle_memory(1000);
         assert_eq!(core.next_work(), None);
     }
 
@@ -918,7 +918,7 @@ mod tests {
     fn small_idle_shard_plans_nothing() {
         let (mut core, held) = idle_shard_holding_one_handle(100);
         drop(held);
-        core.release_idle_memory(0);
+        core.reclaim_idle_memory(0);
         assert_eq!(core.next_work(), None);
     }
 }

@@ -2,7 +2,7 @@
 
 use super::executor::Dispatch;
 use super::handle::TimerHandle;
-use super::shard::{Handoff, PendingLimit, ShardCore, ShardShared, UnfiredTimer};
+use super::shard::{Handoff, PendingLimit, ShardOwner, ShardShared, UnfiredTimer};
 use super::worker;
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
@@ -13,9 +13,9 @@ use crate::task::Task;
 /// How the shards' cores are driven.
 pub(crate) enum Drive {
     /// Each core lives on its own worker thread (the default).
-    Threads(Mutex<Vec<thread::JoinHandle<Option<ShardCore>>>>),
+    Threads(Mutex<Vec<thread::JoinHandle<Option<ShardOwner>>>>),
     /// No threads: a manual clock's `advance` drives each core in turn.
-    ByHand(Box<[Mutex<Option<ShardCore>>]>),
+    ByHand(Box<[Mutex<Option<ShardOwner>>]>),
 }
 
 /// Everything a [`Timer`](crate::Timer) is: shared by its clones, its workers and its driver.
@@ -119,7 +119,7 @@ impl Engine {
             Drive::Threads(workers) => {
                 let workers = std::mem::take(&mut *lock(workers));
                 for (shard, worker) in self.shards.iter().zip(workers) {
-                    let core = match worker::take_parked_core(shard) {
+                    let core = match worker::take_parked_owner(shard) {
                         // We are this shard's worker, inside user code: close it here; the
                         // thread ends when that code returns.
                         Some(core) => Some(core),
@@ -172,7 +172,7 @@ impl Engine {
                     core.cascade_ahead();
                     // Housekeeping as on a worker thread: an idle shard gives memory back
                     // once the clock has moved past its release delay.
-                    core.release_idle_memory(now);
+                    core.reclaim_idle_memory(now);
                     core.flush_counters();
                 }
                 progressed |= handoff.ran_anything();
@@ -204,11 +204,11 @@ impl Engine {
     }
 }
 
-/// Closes a shard's core for shutdown ([`ShardCore::close`]). The core of a failed shard
+/// Closes a shard's core for shutdown ([`ShardOwner::close`]). The core of a failed shard
 /// (whose thread died of an engine bug, maybe mid-change) is closed under a guard: if that
 /// fails too, its timers are lost, but not silently (`Stats::failed_shards`), and the tasks it
-/// held are dropped contained (`ShardCore`'s `Drop`).
-fn close(core: ShardCore) -> Vec<super::shard::UnfiredTimer> {
+/// held are dropped contained (`ShardOwner`'s `Drop`).
+fn close(core: ShardOwner) -> Vec<super::shard::UnfiredTimer> {
     if !core.shared.has_failed() {
         return core.close();
     }

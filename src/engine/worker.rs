@@ -3,7 +3,7 @@
 
 use super::executor::Dispatch;
 use super::inbox::{DRAIN_INTERVAL, ParkOutcome};
-use super::shard::{DRAIN_BATCH, Handoff, ShardCore, ShardShared};
+use super::shard::{DRAIN_BATCH, Handoff, ShardOwner, ShardShared};
 use crate::sync::{Arc, thread, thread_local};
 use std::cell::{Cell, RefCell};
 
@@ -11,7 +11,7 @@ use std::cell::{Cell, RefCell};
 thread_local! {
     /// While a worker thread runs user code (inline tasks, task drops), its core waits here,
     /// so that a `shutdown()` called from that user code can take and close it.
-    static PARKED_CORE: RefCell<Option<ShardCore>> = const { RefCell::new(None) };
+    static PARKED_OWNER: RefCell<Option<ShardOwner>> = const { RefCell::new(None) };
     /// This thread's home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
     static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
     /// This thread's stripe of striped counters; `usize::MAX` = unset.
@@ -21,7 +21,7 @@ thread_local! {
 // Loom's thread-locals take no `const` initializers.
 #[cfg(loom)]
 thread_local! {
-    static PARKED_CORE: RefCell<Option<ShardCore>> = RefCell::new(None);
+    static PARKED_OWNER: RefCell<Option<ShardOwner>> = RefCell::new(None);
     static HOME: Cell<usize> = Cell::new(usize::MAX);
     static STRIPE: Cell<usize> = Cell::new(usize::MAX);
 }
@@ -62,8 +62,8 @@ pub(crate) fn counter_stripe() -> usize {
 }
 
 /// Takes the core of `shard` if this thread is its worker and is running user code.
-pub(crate) fn take_parked_core(shard: &Arc<ShardShared>) -> Option<ShardCore> {
-    PARKED_CORE.with(|parked| {
+pub(crate) fn take_parked_owner(shard: &Arc<ShardShared>) -> Option<ShardOwner> {
+    PARKED_OWNER.with(|parked| {
         let mut parked = parked.borrow_mut();
         match parked.as_ref() {
             Some(core) if Arc::ptr_eq(&core.shared, shard) => parked.take(),
@@ -72,13 +72,13 @@ pub(crate) fn take_parked_core(shard: &Arc<ShardShared>) -> Option<ShardCore> {
     })
 }
 
-/// Runs and drops a turn's tasks with the core parked in [`PARKED_CORE`]. Returns the core,
+/// Runs and drops a turn's tasks with the core parked in [`PARKED_OWNER`]. Returns the core,
 /// or `None` if user code shut the engine down and closed it meanwhile.
 pub(crate) fn hand_off(
-    core: ShardCore,
+    core: ShardOwner,
     handoff: &mut Handoff,
     dispatch: &Dispatch,
-) -> Option<ShardCore> {
+) -> Option<ShardOwner> {
     let shared = core.shared.clone();
     if let Dispatch::Pool(_) = dispatch
         && handoff.inline.is_empty()
@@ -88,9 +88,9 @@ pub(crate) fn hand_off(
         dispatch.hand_off(handoff, &shared);
         return Some(core);
     }
-    PARKED_CORE.with(|parked| *parked.borrow_mut() = Some(core));
+    PARKED_OWNER.with(|parked| *parked.borrow_mut() = Some(core));
     dispatch.hand_off(handoff, &shared);
-    PARKED_CORE.with(|parked| parked.borrow_mut().take())
+    PARKED_OWNER.with(|parked| parked.borrow_mut().take())
 }
 
 /// The worker loop. Returns the core when the inbox is closed, for shutdown to close it; `None`
@@ -103,11 +103,11 @@ pub(crate) fn hand_off(
 /// handed off (fired timers run), and the core is returned, so that `shutdown` returns the
 /// timers it still holds. No timer is silently lost.
 pub(crate) fn run(
-    core: ShardCore,
+    core: ShardOwner,
     dispatch: Dispatch,
     ordinal: usize,
     pin: Option<core_affinity::CoreId>,
-) -> Option<ShardCore> {
+) -> Option<ShardOwner> {
     let shared = core.shared.clone();
     shared.inbox.register_current_thread();
     HOME.with(|home| home.set(ordinal));
@@ -132,8 +132,8 @@ pub(crate) fn run(
         if let Err(payload) = outcome {
             super::executor::drop_uncounted(payload);
             shared.fail();
-            // Mid-hand-off, the core waits in PARKED_CORE (unless shutdown took it).
-            let parked = core.take().or_else(|| take_parked_core(&shared));
+            // Mid-hand-off, the core waits in PARKED_OWNER (unless shutdown took it).
+            let parked = core.take().or_else(|| take_parked_owner(&shared));
             core = match parked {
                 Some(parked) => hand_off(parked, &mut handoff, &dispatch),
                 None => {
@@ -148,9 +148,9 @@ pub(crate) fn run(
 
 /// The shard's turns, until its inbox closes (the core is left in `slot`) or shutdown takes
 /// the core from user code running on this thread (`slot` is left empty). The core stays in
-/// `slot` (or parked in [`PARKED_CORE`] during a hand-off) so that [`run`] finds it after a
+/// `slot` (or parked in [`PARKED_OWNER`] during a hand-off) so that [`run`] finds it after a
 /// panic.
-fn turns(slot: &mut Option<ShardCore>, handoff: &mut Handoff, dispatch: &Dispatch) {
+fn turns(slot: &mut Option<ShardOwner>, handoff: &mut Handoff, dispatch: &Dispatch) {
     let Some(core) = slot.as_ref() else {
         return;
     };
@@ -186,7 +186,7 @@ fn turns(slot: &mut Option<ShardCore>, handoff: &mut Handoff, dispatch: &Dispatc
         // Housekeeping after the hand-off, so that expired tasks never wait for it.
         core.cascade_ahead();
         let now = clock.now_tick();
-        core.release_idle_memory(now);
+        core.reclaim_idle_memory(now);
         if shared.inbox.is_closed() {
             return;
         }
