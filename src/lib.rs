@@ -79,7 +79,7 @@ pub use periodic::MissedTicks;
 pub use stats::{ShardStats, Stats};
 pub use timer::{Builder, Timer};
 
-/// The slot table, for the loom models of its release protocol only.
+/// The slot table, for the loom models of its reclaim protocol only.
 #[cfg(loom)]
 #[doc(hidden)]
 pub use engine::slot::SlotTableHook;

@@ -37,10 +37,9 @@ pub(crate) fn far_future(now: Instant) -> Instant {
 /// * **Shards.** One shard per core by default. Each owns a hierarchical timing wheel
 ///   ([`crate::wheel`]) and a worker thread pinned to its core (best effort). Only that thread
 ///   touches the wheel: no locks inside.
-/// * **Submission.** `schedule` takes a slot in the calling thread's home shard (one pinned to
-///   the CPU the thread first scheduled from, else round-robin; a shard's own thread uses its
-///   shard), marks it pending in
-///   the slot's atomic state word, and sends the task to the shard through its lock-free inbox.
+/// * **Submission.** `schedule` takes a slot in the calling thread's home shard (chosen at its
+///   first schedule and kept; see `engine/placement.rs`), marks it pending in the slot's atomic
+///   state word, and sends the task to the shard through its lock-free inbox.
 ///   The handle names its shard and slot, so `cancel` and `reset` always reach the owner.
 /// * **Exactly once.** Firing, cancelling and resetting are compare-and-swaps on the timer's
 ///   state word: a task runs iff no `cancel()` returned true for it, and never twice. See

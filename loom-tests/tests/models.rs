@@ -3,7 +3,7 @@
 //! Run with `loom-tests/run.sh` (it sets `--cfg loom` and the preemption bound). Each model
 //! drives the shipped engine: a manual clock with one shard and inline execution drives the
 //! shard by hand; the wake-up model runs the real worker thread (as a loom thread). The slot
-//! release model drives the shipped slot table directly (through the public API a release
+//! reclaim model drives the shipped slot table directly (through the public API a reclaim
 //! needs thousands of timers).
 #![cfg(loom)]
 
@@ -390,13 +390,13 @@ fn sleep_first_poll_registers_without_losing_the_wake_up() {
     });
 }
 
-/// Model 8: a shard releases its slot table (`try_release`: walk the free list, seal, empty,
+/// Model 8: a shard reclaims its slot table (`try_reclaim`: walk the free list, seal, empty,
 /// give the pages back) while a user thread frees the last slot and allocates. Every outcome
 /// must leave two distinct, pending timers, and no stale (index, generation) may touch them:
-/// a release must not commit while a slot is being freed or popped, a page given back must
+/// a reclaim must not commit while a slot is being freed or popped, a page given back must
 /// not erase a new timer, and fresh generations must rise above the old ones.
 #[test]
-fn slot_release_vs_free_and_allocate() {
+fn slot_reclaim_vs_free_and_allocate() {
     model(|| {
         let table = Arc::new(SlotTableHook::default());
         let mut old = Vec::new();
@@ -404,7 +404,7 @@ fn slot_release_vs_free_and_allocate() {
             let (index, generation) = table.allocate().unwrap();
             table.begin(index, generation);
             assert!(table.cancel(index, generation));
-            table.release_by_shard(index);
+            table.let_go(index);
             old.push((index, generation));
         }
         // The first is free; the second's last handle is still held, by the user thread.
@@ -420,9 +420,9 @@ fn slot_release_vs_free_and_allocate() {
         };
         // The shard's side. Loom 0.7 finds a race between a load and a later write only if
         // some execution runs the write first (without this yield, it never explored a
-        // release that succeeds): yielding lets the user thread go first.
+        // reclaim that succeeds): yielding lets the user thread go first.
         thread::yield_now();
-        let released = table.try_release();
+        let reclaimed = table.try_reclaim();
         let (index, generation) = table.allocate().unwrap();
         table.begin(index, generation);
         let shard = (index, generation);
@@ -431,13 +431,13 @@ fn slot_release_vs_free_and_allocate() {
         for (who, timer) in [("user", user), ("shard", shard)] {
             assert!(
                 table.is_pending(timer.0, timer.1),
-                "the {who}'s new timer {timer:?} is not pending (released: {released})"
+                "the {who}'s new timer {timer:?} is not pending (reclaimed: {reclaimed})"
             );
         }
         for stale in old {
             assert!(
                 !table.cancel(stale.0, stale.1),
-                "stale {stale:?} cancelled a new timer (released: {released})"
+                "stale {stale:?} cancelled a new timer (reclaimed: {reclaimed})"
             );
         }
         for timer in [user, shard] {

@@ -39,7 +39,7 @@ impl TimerHandle {
 
     /// Cancels the timer. Returns true iff this call prevented the task from running: false if
     /// it already fired, or was cancelled before (by any handle, or by shutdown). O(1); the
-    /// task and bookkeeping are released by the owning shard at its next turn.
+    /// task and bookkeeping are dropped by the owning shard at its next turn.
     pub fn cancel(&self) -> bool {
         let shard = &*self.shard;
         if !shard.slots.cancel(self.index, self.generation) {

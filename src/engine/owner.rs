@@ -157,7 +157,7 @@ impl ShardOwner {
                 // Checked against the slot as it is now: a repeating timer cancelled during a
                 // run may have been ended by its `Rearm` already, and the entry table given
                 // back since (see "Who counts a timer's end" in `slot.rs`).
-                if !self.shared.slots.cancel_pending_release(index, generation) {
+                if !self.shared.slots.cancel_awaits_let_go(index, generation) {
                     return;
                 }
                 let has_task = self
@@ -174,7 +174,7 @@ impl ShardOwner {
                 if let Some(task) = self.entries.0[index as usize].task.take() {
                     self.live -= 1;
                     handoff.dropped.push(task);
-                    self.shared.slots.release_by_shard(index);
+                    self.shared.slots.let_go(index);
                 }
             }
             Message::Relocate { index, generation } => {
@@ -287,7 +287,7 @@ impl ShardOwner {
         let now_nanos = shared.clock.now_nanos();
         let lateness = &mut self.lateness;
         let mut fired = 0u64;
-        let mut released = 0u64;
+        let mut given_back = 0u64;
         let mut store = Store::new(&mut self.entries.0, &shared.slots);
         self.wheel
             .expire_to(&mut store, now_tick, |store, index, due| {
@@ -307,8 +307,8 @@ impl ShardOwner {
                             shared.slots.free_fired(index);
                         }
                         if handoff.expired.len() >= spill_every {
-                            shared.give_back_places((fired - released) as usize);
-                            released = fired;
+                            shared.give_back_places((fired - given_back) as usize);
+                            given_back = fired;
                             spill(std::mem::take(&mut handoff.expired));
                         }
                         None
@@ -328,7 +328,7 @@ impl ShardOwner {
             });
         self.fired += fired;
         self.live -= fired as usize;
-        self.shared.give_back_places((fired - released) as usize);
+        self.shared.give_back_places((fired - given_back) as usize);
         fired as usize
     }
 
@@ -352,7 +352,7 @@ impl ShardOwner {
             || {
                 debug_assert!(wheel.len() == 0, "wheel holds entries while none is live");
                 *entries = Vec::new();
-                wheel.release_memory();
+                wheel.reclaim_memory();
             },
         );
     }
@@ -458,7 +458,7 @@ impl ShardOwner {
                 handoff.dropped.push(task);
             }
             *entry = VACANT;
-            shared.slots.release_by_shard(index);
+            shared.slots.let_go(index);
         }
         self.wheel = RawWheel::new(1);
         self.flush_counters();
@@ -484,7 +484,7 @@ mod tests {
     use super::*;
     use crate::clock::TickClock;
     use crate::engine::handle::TimerHandle;
-    use crate::engine::slot::{RELEASE_ABOVE, Release};
+    use crate::engine::slot::{RECLAIM_ABOVE, Reclaim};
     use crate::clock::Clock;
     use std::time::Duration;
 
@@ -525,12 +525,12 @@ mod tests {
 
     #[test]
     fn idle_shard_retries_then_stops_and_resumes_when_a_handle_drops() {
-        let (mut owner, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
+        let (mut owner, held) = idle_shard_holding_one_handle(RECLAIM_ABOVE as usize + 10);
         owner.reclaim_idle_memory(0);
         assert_eq!(
             owner.next_work(),
             Some(20),
-            "first try after the release delay"
+            "first try after the reclaim delay"
         );
         let (wakes, stopped) = run_housekeeping(&mut owner, 0);
         // A try at 20 ms, then after waits of 20, 40, ... 640 ms, and 1000 ms, which saw no
@@ -544,15 +544,15 @@ mod tests {
             "the entry table went at the first try"
         );
         assert_eq!(
-            owner.shared.slots.try_release(),
-            Release::Busy {
+            owner.shared.slots.try_reclaim(),
+            Reclaim::Busy {
                 head: owner.shared.slots.free_head()
             }
         );
         // A later turn with nothing changed plans nothing.
         owner.reclaim_idle_memory(stopped + 5000);
         assert_eq!(owner.next_work(), None);
-        // The last handle goes: the next turn plans a try, which releases.
+        // The last handle goes: the next turn plans a try, which reclaims.
         drop(held);
         owner.reclaim_idle_memory(stopped + 6000);
         assert_eq!(owner.next_work(), Some(stopped + 6020));
@@ -567,15 +567,15 @@ mod tests {
     }
 
     #[test]
-    fn idle_shard_releases_everything_in_one_turn() {
-        let (mut owner, held) = idle_shard_holding_one_handle(RELEASE_ABOVE as usize + 10);
+    fn idle_shard_reclaims_everything_in_one_turn() {
+        let (mut owner, held) = idle_shard_holding_one_handle(RECLAIM_ABOVE as usize + 10);
         drop(held);
         owner.reclaim_idle_memory(0);
         let (wakes, _) = run_housekeeping(&mut owner, 0);
         assert_eq!(wakes, 1);
         assert_eq!(owner.entries.0.capacity(), 0);
         assert_eq!(owner.reclaim.slots_seen, 0);
-        assert_eq!(owner.shared.slots.try_release(), Release::Nothing);
+        assert_eq!(owner.shared.slots.try_reclaim(), Reclaim::Nothing);
         // Idle with nothing left to give back: no wake-up is planned.
         owner.reclaim_idle_memory(1000);
         assert_eq!(owner.next_work(), None);

@@ -7,13 +7,13 @@
 //! still running.
 //!
 //! The slot table can be reclaimed only once every slot is free, that is once every handle of
-//! its timers is gone (the slot table's `try_release`, whose protocol is documented with the
+//! its timers is gone (the slot table's `try_reclaim`, whose protocol is documented with the
 //! slot table). While some are held, the shard tries again after [`RECLAIM_DELAY`], twice that,
 //! ... up to [`RECLAIM_RETRY_MAX`], walking the free list again only if it changed; once it has
 //! not changed for a whole longest wait, the shard stops (an idle engine must not wake
 //! forever), until a later turn finds it changed.
 
-use super::slot::{RELEASE_ABOVE, Release, SlotTable};
+use super::slot::{RECLAIM_ABOVE, Reclaim, SlotTable};
 use crate::clock::TickClock;
 use std::time::Duration;
 
@@ -23,12 +23,12 @@ pub(crate) const RECLAIM_DELAY: Duration = Duration::from_millis(20);
 /// The longest wait between tries to reclaim a slot table whose slots are still held.
 pub(crate) const RECLAIM_RETRY_MAX: Duration = Duration::from_secs(1);
 
-/// An entry table this small is kept. No larger than `RELEASE_ABOVE`: `slots_seen` grows only
+/// An entry table this small is kept. No larger than `RECLAIM_ABOVE`: `slots_seen` grows only
 /// when a `Schedule` grows the entry table, so after a reclaim, a table that kept up to
-/// `KEPT_ENTRIES` entries must still see every index above `RELEASE_ABOVE`. Under loom none, so
+/// `KEPT_ENTRIES` entries must still see every index above `RECLAIM_ABOVE`. Under loom none, so
 /// that a model sees the table given back (as `KEPT_PAGES` in the slot table).
 pub(crate) const KEPT_ENTRIES: usize = if cfg!(loom) { 0 } else { 4096 };
-const _: () = assert!(KEPT_ENTRIES as u64 <= RELEASE_ABOVE);
+const _: () = assert!(KEPT_ENTRIES as u64 <= RECLAIM_ABOVE);
 
 /// The owner's plan for giving idle memory back. See the [module documentation](self).
 #[derive(Debug)]
@@ -85,7 +85,7 @@ impl IdleReclaim {
             self.failed_head = None;
             return;
         }
-        let slots_held = self.slots_seen > RELEASE_ABOVE;
+        let slots_held = self.slots_seen > RECLAIM_ABOVE;
         if !entries_held && !slots_held {
             self.at = u64::MAX;
             return;
@@ -112,21 +112,21 @@ impl IdleReclaim {
         // How long the walk took, when there was one (it is O(slots), a cache miss a slot).
         let mut walk_nanos = 0;
         let outcome = match self.failed_head {
-            Some(head) if head == slots.free_head() => Release::Busy { head },
+            Some(head) if head == slots.free_head() => Reclaim::Busy { head },
             _ => {
                 let started = clock.now_nanos();
-                let outcome = slots.try_release();
+                let outcome = slots.try_reclaim();
                 walk_nanos = clock.now_nanos().saturating_sub(started);
                 outcome
             }
         };
         match outcome {
-            Release::Released | Release::Nothing => {
+            Reclaim::Reclaimed | Reclaim::Nothing => {
                 self.slots_seen = 0;
                 self.backoff = 0;
                 self.failed_head = None;
             }
-            Release::Busy { head } => {
+            Reclaim::Busy { head } => {
                 let unchanged = self.failed_head == Some(head);
                 self.failed_head = Some(head);
                 let longest = clock.ticks_in(RECLAIM_RETRY_MAX).max(1);

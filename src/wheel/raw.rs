@@ -630,7 +630,7 @@ impl RawWheel {
 
     /// Gives back the near ring's spare room (its arrays keep their largest size otherwise,
     /// a few megabytes after a storm). Call when idle; the next entries grow them again.
-    pub(crate) fn release_memory(&mut self) {
+    pub(crate) fn reclaim_memory(&mut self) {
         for slot in self.near.iter_mut() {
             if slot.is_empty() {
                 *slot = Vec::new();

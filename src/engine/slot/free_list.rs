@@ -1,0 +1,81 @@
+//! The slot table's free list: a lock-free, tagged Treiber stack threaded through the FREE
+//! slots' state words (each FREE word holds the next free slot + 1, see [`word`](super::word)).
+//!
+//! The head (`SlotTable::free_head`) is `tag << 32 | (index + 1)`, 0 in the low half when
+//! empty. The tag changes on every push and pop, so a stale compare-and-swap fails (no ABA);
+//! the [reclaim](super::reclaim) relies on it too.
+
+use super::SlotTable;
+use super::word::{FREE, GENERATION_MASK, GENERATION_SHIFT, NEXT_FREE_MASK, NEXT_FREE_SHIFT};
+use super::word::{generation_of, is_unreferenced, lifecycle_of};
+use crate::sync::Ordering;
+
+impl SlotTable {
+    /// Pops a free slot: its index and generation. `None` when the list is empty.
+    #[inline]
+    pub(super) fn pop_free(&self) -> Option<(u32, u32)> {
+        let mut head = self.free_head.load(Ordering::Acquire);
+        while head as u32 != 0 {
+            let index = head as u32 - 1;
+            // The word may change under us if another thread pops this slot first (or a
+            // reclaim gives its page back); then the tag in `free_head` has changed too and
+            // the exchange below fails.
+            let word = self.word(index).load(Ordering::Acquire);
+            let next = ((word & NEXT_FREE_MASK) >> NEXT_FREE_SHIFT) as u32;
+            let tag = (head >> 32).wrapping_add(1);
+            match self.free_head.compare_exchange_weak(
+                head,
+                tag << 32 | next as u64,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    debug_assert_eq!(
+                        lifecycle_of(word),
+                        FREE,
+                        "slot {index} on the free list is occupied"
+                    );
+                    return Some((index, generation_of(word)));
+                }
+                Err(actual) => head = actual,
+            }
+        }
+        None
+    }
+
+    /// Puts an unreferenced slot back on the free list with the next generation.
+    pub(super) fn free(&self, index: u32, word: u64) {
+        debug_assert!(
+            is_unreferenced(word),
+            "slot {index} freed while referenced: {word:#x}"
+        );
+        let generation = (generation_of(word).wrapping_add(1) & GENERATION_MASK) as u64;
+        let word = self.word(index);
+        let mut head = self.free_head.load(Ordering::Acquire);
+        loop {
+            let next = (head as u32) as u64;
+            word.store(
+                generation << GENERATION_SHIFT | next << NEXT_FREE_SHIFT | FREE,
+                Ordering::Relaxed,
+            );
+            let tag = (head >> 32).wrapping_add(1);
+            match self.free_head.compare_exchange_weak(
+                head,
+                tag << 32 | (index as u64 + 1),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// The free list's head now (the shard compares it with [`Reclaim::Busy`]'s `head` to
+    /// tell whether trying again could succeed).
+    ///
+    /// [`Reclaim::Busy`]: super::Reclaim::Busy
+    pub(crate) fn free_head(&self) -> u64 {
+        self.free_head.load(Ordering::Relaxed)
+    }
+}

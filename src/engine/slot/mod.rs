@@ -1,0 +1,723 @@
+//! The shared half of every timer: an atomic state word and an atomic deadline per slot, in a
+//! table that any thread may read and that never moves or shrinks.
+//!
+//! # Who touches what
+//!
+//! A timer lives in a *slot* of its shard's [`SlotTable`]. The slot index and generation form the
+//! [`TimerHandle`](crate::TimerHandle). The slot's state word is the only memory that both the
+//! owning shard and other threads (submitters, cancellers, handle owners) touch; the timer's task
+//! and wheel links live in the shard's private table under the same index.
+//!
+//! # The files
+//!
+//! * this file: the [`SlotTable`] type and every transition of a slot's state word;
+//! * [`word`]: the state word's bit layout and accessors;
+//! * [`pages`]: page storage, where every `unsafe` of the table lives;
+//! * [`free_list`]: the lock-free list of free slots;
+//! * [`reclaim`]: giving the table's memory back when its shard is idle, and why that is safe;
+//! * `hook`: the loom models' handle on a table (`cfg(loom)` only); `tests`.
+//!
+//! # The state word
+//!
+//! One word per slot holds its lifecycle (FREE, PENDING, FIRED, CANCELLED), whether the shard
+//! still holds its entry (`SHARD`), the deadline lock (`DL_LOCK`), `REPEATING`, `RUNNING`, the
+//! count of resets in flight and of live handles, and its generation; its bit layout is in
+//! [`word`].
+//!
+//! # The deadline, and lazy resets
+//!
+//! Beside the word sits the timer's deadline tick. The submitter writes it before publishing
+//! the slot; after that, a handle of a one-shot timer moves it with [`reset_lazy`]: check that
+//! the word is PENDING and one-shot, swap the deadline (the reset's one locked instruction),
+//! then read the word again. No message is sent when the deadline moved later: the shard finds
+//! the entry at its old place in the wheel, reads the deadline, and stores it again further on.
+//! An earlier deadline also sends a `Relocate` message, so the shard moves the entry forward.
+//! The swap orders concurrent resets of one timer, so whoever moves the deadline earlier knows.
+//!
+//! The shard decides to fire a one-shot timer under `DEADLINE_LOCK`, which only the shard
+//! takes: it locks the word, reads the deadline, and then, in one compare-and-swap, either fires
+//! (FIRED, lock released) or releases the lock and stores the entry again at the later deadline.
+//! Between the shard's lock and its read, and between a handle's swap and its second read of
+//! the word, stands a sequentially consistent fence (Dekker's protocol): either the shard reads
+//! the handle's deadline, or the handle sees the lock (and waits the few instructions until the
+//! decision) or the decision itself. A reset whose second read finds the timer FIRED returns
+//! false; so a reset that returned true is never outrun by its timer firing at the old deadline.
+//! The shard never waits for a handle, and no user code runs under the lock.
+//!
+//! | from                      | event (by whom)                         | to                               |
+//! |---------------------------|-----------------------------------------|----------------------------------|
+//! | FREE                      | allocate + [`begin`] (submitter)        | PENDING, SHARD, 1 handle         |
+//! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message)|
+//! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | unchanged (deadline swapped)     |
+//! | PENDING, repeating        | [`reset`] (any thread)                  | PENDING, resets + 1              |
+//! | any occupied, repeating   | [`reset_applied`] (shard)               | resets - 1                       |
+//! | PENDING, one-shot, due    | [`fire`] (shard, under DL_LOCK)         | FIRED, SHARD cleared             |
+//! | PENDING, one-shot, deadline later | [`fire`] (shard, under DL_LOCK) | unchanged: stored again later   |
+//! | PENDING, repeating, resets > 0 | [`fire`] (shard)                   | unchanged: the reset wins        |
+//! | PENDING, repeating        | [`fire`] (shard)                        | PENDING, RUNNING                 |
+//! | RUNNING                   | [`finish_run`] (shard, `Rearm` message) | PENDING (re-armed), or FIRED / SHARD cleared |
+//! | RUNNING, after shutdown   | [`end_run_after_shutdown`] (runner)     | CANCELLED if PENDING; SHARD cleared |
+//! | CANCELLED                 | [`let_go`] (shard)                      | SHARD cleared                    |
+//! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list |
+//! | every slot FREE and on the free list | [`try_reclaim`] (shard, idle)    | off the list; fresh again, at a generation above all; page memory given back |
+//!
+//! Every transition is one compare-and-swap or read-modify-write of the word, so exactly one
+//! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot (a lazy
+//! reset changes only the deadline). A resetting handle holds a handle count, so its slot
+//! cannot be freed (and reused) under it. The reclaim (last row) writes no word: it empties
+//! the list and restarts fresh allocation (see [`reclaim`]).
+//!
+//! # Who counts a timer's end
+//!
+//! A timer ends exactly once: by the one compare-and-swap that takes it out of PENDING. Whoever
+//! makes that transition, and only they, counts the end (`fired` or `cancelled`, hence
+//! `pending` and `stats()`) and gives back its `max_pending` place. Every later message about
+//! the timer (a `Cancel` arriving after the `Rearm` that ended it, a `Rearm` finding it
+//! cancelled, a `Reset` or `Relocate` finding it ended) counts nothing.
+//!
+//! | transition out of PENDING                            | made by                    | counts |
+//! |------------------------------------------------------|----------------------------|--------|
+//! | [`cancel`] -> CANCELLED                              | a handle                   | the handle: `cancelled` |
+//! | [`cancel`] -> CANCELLED, after its push found the inbox closed | the submitter    | the submitter: undoes `scheduled` |
+//! | [`cancel_for_shutdown`] -> CANCELLED                 | the shard's last sweep     | the shard: `cancelled` |
+//! | [`fire`] -> FIRED (one-shot)                         | the shard                  | the shard: `fired` |
+//! | [`finish_run`] -> FIRED ([`RunEnd::Stopped`]: the task stopped or panicked) | the shard | the shard: `fired` |
+//! | [`end_run_after_shutdown`] -> CANCELLED (returns true) | the runner of a late `Rearm` | the runner: `cancelled` |
+//!
+//! The shard's `live` count of entries it holds follows `SHARD` instead: one more when a
+//! `Schedule` is stored, one less when the shard lets go of the entry (a one-shot fire, a
+//! `Cancel` that finds the task, a `Rearm` that ends the run).
+//!
+//! Messages are validated against the slot's word when applied, never assumed current: those
+//! that may arrive after their timer ended (`Cancel`, `Relocate`, `Reset`) carry its generation
+//! and check it, and the state the message expects; `Rearm` must find its run (`RUNNING` and
+//! `SHARD`: the slot cannot be reused before the `Rearm` is applied, so the index suffices,
+//! and a generation would only grow every message). A `Cancel` of a repeating timer cancelled
+//! during a run may arrive after the `Rearm` ended it, when the shard has gone idle and given
+//! its entry table back: it finds the slot no longer held ([`cancel_awaits_let_go`]) and
+//! touches no entry.
+//!
+//! [`begin`]: SlotTable::begin
+//! [`cancel`]: SlotTable::cancel
+//! [`reset_lazy`]: SlotTable::reset_lazy
+//! [`reset`]: SlotTable::reset
+//! [`reset_applied`]: SlotTable::reset_applied
+//! [`fire`]: SlotTable::fire
+//! [`finish_run`]: SlotTable::finish_run
+//! [`end_run_after_shutdown`]: SlotTable::end_run_after_shutdown
+//! [`let_go`]: SlotTable::let_go
+//! [`try_reclaim`]: SlotTable::try_reclaim
+//! [`cancel_for_shutdown`]: SlotTable::cancel_for_shutdown
+//! [`cancel_awaits_let_go`]: SlotTable::cancel_awaits_let_go
+
+mod free_list;
+#[cfg(loom)]
+mod hook;
+mod pages;
+mod reclaim;
+#[cfg(test)]
+mod tests;
+mod word;
+
+#[cfg(loom)]
+pub use hook::SlotTableHook;
+pub(crate) use pages::Slot;
+pub(crate) use reclaim::{RECLAIM_ABOVE, Reclaim};
+
+use crate::sync::{AtomicU64, Ordering, thread};
+use crossbeam_utils::CachePadded;
+use pages::{PAGES, Pages, locate};
+use word::*;
+
+/// The most slots a table hands out (indices must also fit the wheel's `u32` links).
+pub(crate) const MAX_SLOTS: u64 = crate::wheel::raw::MAX_INDEX as u64 + 1;
+
+/// `next_fresh`, bits 0-39: slots handed out fresh since the table was made or last reclaimed.
+/// It may count past [`MAX_SLOTS`] (failed allocations do not undo their increment), by at most
+/// the number of threads allocating at once (see [`SlotTable::allocate`]).
+const FRESH_COUNT_MASK: u64 = (1 << 40) - 1;
+/// `next_fresh`, bits 40-44: `ready`, the number of leading pages a fresh allocation may write
+/// ([`PAGES`]: all). Lower only while a reclaim gives pages back (see [`reclaim`]).
+const READY_SHIFT: u32 = 40;
+const READY_ONE: u64 = 1 << READY_SHIFT;
+const READY_MASK: u64 = 0b1_1111 << READY_SHIFT;
+const ALL_READY: u64 = (PAGES as u64) << READY_SHIFT;
+/// `next_fresh`, bit 63: a reclaim is committing; fresh allocations wait.
+const SEALED: u64 = 1 << 63;
+const _: () = assert!(MAX_SLOTS < FRESH_COUNT_MASK / 2 && PAGES < 32);
+
+/// A timer's state as a handle sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TimerState {
+    /// Waiting for its deadline.
+    Pending,
+    /// Its deadline passed and its task was handed to run (it may still be running).
+    Expired,
+    /// It was cancelled (by a handle, or by shutdown); its task will never run.
+    Cancelled,
+}
+
+/// What [`SlotTable::fire`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FireOutcome {
+    /// The timer is now FIRED: run its task. `free` says the caller must free the slot.
+    Fire { free: bool },
+    /// A repeating timer is now RUNNING: run its task, then hand it back with a `Rearm`
+    /// message, which the shard applies with `finish_run`.
+    Run,
+    /// A reset is in flight: keep the entry aside until its message arrives.
+    ResetInFlight,
+    /// A one-shot timer's deadline moved later: store it again at this tick.
+    Later(u64),
+    /// A cancel won: its message will let go of the entry.
+    Cancelled,
+}
+
+/// How [`SlotTable::finish_run`] ended a repeating timer's run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RunEnd {
+    /// Still PENDING and its task wants another run: the shard re-arms it.
+    Again,
+    /// This call ended it, PENDING -> FIRED (its task stopped, or panicked): the shard counts
+    /// the end (a fire) and gives back its `max_pending` place.
+    Stopped,
+    /// It was cancelled during the run: its canceller counted the end; the shard counts nothing.
+    WasCancelled,
+    /// The slot holds no run of this timer (a bug): nothing changed.
+    Stale,
+}
+
+/// What [`SlotTable::reset_lazy`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LazyReset {
+    /// Done. `earlier`: the deadline moved earlier, so tell the shard to move the entry.
+    Done { earlier: bool },
+    /// The timer is no longer pending.
+    NotPending,
+    /// A repeating timer: reset it through the shard ([`SlotTable::reset`]).
+    Repeating,
+}
+
+/// What [`SlotTable::reset`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ResetOutcome {
+    /// Counted: send the reset message.
+    Accepted,
+    /// The timer is no longer pending.
+    NotPending,
+    /// Too many resets in flight: let the shard catch up and retry.
+    Busy,
+}
+
+/// The fresh-allocation counter and the generation fresh slots start at, on one cache line
+/// (every fresh allocation reads both).
+struct Fresh {
+    /// Slots never handed out since the last reclaim start here: the count, `ready` and
+    /// `SEALED` (see [`FRESH_COUNT_MASK`], [`READY_SHIFT`], [`SEALED`]).
+    next: AtomicU64,
+    /// The generation of freshly handed out slots: above every generation a message or
+    /// handle of the table's earlier life may still carry (0 until the first reclaim).
+    generation: AtomicU64,
+}
+
+/// The per-shard table of slot state words, with a lock-free free list.
+pub(crate) struct SlotTable {
+    /// The slots themselves ([`pages`]).
+    pages: Pages,
+    /// Head of the [free list](free_list) (its tagged encoding is described there).
+    free_head: CachePadded<AtomicU64>,
+    /// Slots never handed out (since the last reclaim) start here.
+    fresh: CachePadded<Fresh>,
+}
+
+impl std::fmt::Debug for SlotTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlotTable")
+            .field(
+                "allocated",
+                &(self.fresh.next.load(Ordering::Relaxed) & FRESH_COUNT_MASK),
+            )
+            .finish()
+    }
+}
+
+impl SlotTable {
+    pub(crate) fn new() -> SlotTable {
+        SlotTable {
+            pages: Pages::new(),
+            free_head: CachePadded::new(AtomicU64::new(0)),
+            fresh: CachePadded::new(Fresh {
+                next: AtomicU64::new(ALL_READY),
+                generation: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The state word of a slot that has been handed out (its page exists).
+    fn word(&self, index: u32) -> &AtomicU64 {
+        &self.slot(index).state
+    }
+
+    /// A slot that has been handed out (its page exists).
+    #[inline]
+    pub(crate) fn slot(&self, index: u32) -> &Slot {
+        self.pages.slot(index)
+    }
+
+    /// Takes a free slot: returns its index and generation. `None` when 2^32 - 2 slots are in use.
+    pub(crate) fn allocate(&self) -> Option<(u32, u32)> {
+        loop {
+            if let Some(popped) = self.pop_free() {
+                return Some(popped);
+            }
+            // Acquire: a reclaim's commit and each page it gave back (see `try_reclaim`).
+            let fresh = self.fresh.next.fetch_add(1, Ordering::Acquire);
+            if fresh & SEALED != 0 {
+                // A reclaim is committing. Our increment is discarded with the seal, so the
+                // index means nothing: wait, then start over (the free list may have changed).
+                self.wait_unsealed();
+                continue;
+            }
+            let count = fresh & FRESH_COUNT_MASK;
+            if count >= MAX_SLOTS {
+                self.undo_exhausted();
+                return None;
+            }
+            let index = count as u32;
+            let page = locate(index).0;
+            if page as u64 >= (fresh & READY_MASK) >> READY_SHIFT {
+                // The reclaim that just committed has not given this page back yet: writing it
+                // now could be erased by its `madvise`.
+                self.wait_ready(page);
+            }
+            self.pages.ensure(page);
+            let generation = self.fresh.generation.load(Ordering::Relaxed) as u32;
+            return Some((index, generation));
+        }
+    }
+
+    /// Waits until no reclaim is committing (a few instructions of the shard's).
+    #[cold]
+    fn wait_unsealed(&self) {
+        while self.fresh.next.load(Ordering::Acquire) & SEALED != 0 {
+            thread::yield_now();
+        }
+    }
+
+    /// Waits until a committed reclaim has given back page `page` (and every page before it).
+    #[cold]
+    fn wait_ready(&self, page: usize) {
+        while (self.fresh.next.load(Ordering::Acquire) & READY_MASK) >> READY_SHIFT <= page as u64 {
+            thread::yield_now();
+        }
+    }
+
+    /// Every slot is in use: brings the count back to [`MAX_SLOTS`], so that failing
+    /// allocations cannot carry it into `ready` (undoing with a subtraction could borrow from
+    /// `ready` if a reclaim committed meanwhile; this compare-and-swap cannot).
+    #[cold]
+    fn undo_exhausted(&self) {
+        let _ = self
+            .fresh
+            .next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |fresh| {
+                (fresh & SEALED == 0 && fresh & FRESH_COUNT_MASK > MAX_SLOTS)
+                    .then_some(fresh & !FRESH_COUNT_MASK | MAX_SLOTS)
+            });
+    }
+
+    /// Publishes a freshly allocated slot as a pending timer with one handle, due at tick
+    /// `deadline`.
+    pub(crate) fn begin(&self, index: u32, generation: u32, deadline: u64, repeating: bool) {
+        let slot = self.slot(index);
+        slot.deadline.store(deadline, Ordering::Relaxed);
+        let repeating = if repeating { REPEATING } else { 0 };
+        let word =
+            (generation as u64) << GENERATION_SHIFT | HANDLE_ONE | SHARD | repeating | PENDING;
+        slot.state.store(word, Ordering::Release);
+    }
+
+    /// The deadline tick of a slot that has been handed out (see the module documentation).
+    #[inline]
+    pub(crate) fn deadline(&self, index: u32) -> u64 {
+        self.slot(index).deadline.load(Ordering::Relaxed)
+    }
+
+    /// The shard sets the deadline of a repeating timer it holds (handles never write it).
+    pub(crate) fn set_deadline(&self, index: u32, deadline: u64) {
+        self.slot(index).deadline.store(deadline, Ordering::Relaxed);
+    }
+
+    /// Moves a one-shot timer's deadline in place (see the module documentation).
+    pub(crate) fn reset_lazy(&self, index: u32, generation: u32, deadline: u64) -> LazyReset {
+        let slot = self.slot(index);
+        let word = slot.state.load(Ordering::Acquire);
+        if generation_of(word) != generation || lifecycle_of(word) != PENDING {
+            return LazyReset::NotPending;
+        }
+        if word & REPEATING != 0 {
+            return LazyReset::Repeating;
+        }
+        // The reset's one locked instruction. The swap makes concurrent resets of one timer
+        // follow each other, so whoever moves the deadline earlier knows it (and tells the shard).
+        // Dekker with `fire`, which locks the word and then reads the deadline: either the
+        // shard reads our deadline, or we see its lock (or its decision) below. Why the fence
+        // must follow a read-modify-write: `crate::sync::swap_then_fence`.
+        let old = crate::sync::swap_then_fence(&slot.deadline, deadline, Ordering::AcqRel);
+        let mut word = slot.state.load(Ordering::Acquire);
+        while word & DEADLINE_LOCK != 0 {
+            // The shard is deciding on a deadline it read (a few instructions): wait for it.
+            thread::yield_now();
+            word = slot.state.load(Ordering::Acquire);
+        }
+        if lifecycle_of(word) != PENDING {
+            // Fired (at its old deadline, or ours if that was already due) or cancelled.
+            return LazyReset::NotPending;
+        }
+        LazyReset::Done {
+            earlier: deadline < old,
+        }
+    }
+
+    /// Applies `change` to the word of an occupied slot of generation `generation` until it
+    /// sticks. `change` returns `None` to leave the word alone. Returns the old and new word.
+    fn update(
+        &self,
+        index: u32,
+        generation: u32,
+        mut change: impl FnMut(u64) -> Option<u64>,
+    ) -> Result<(u64, u64), u64> {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            if generation_of(word) != generation || lifecycle_of(word) == FREE {
+                return Err(word);
+            }
+            let Some(new) = change(word) else {
+                return Err(word);
+            };
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok((word, new)),
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// The timer's state as handle `(index, generation)` sees it.
+    pub(crate) fn state(&self, index: u32, generation: u32) -> TimerState {
+        let word = self.word(index).load(Ordering::Acquire);
+        debug_assert_eq!(
+            generation_of(word),
+            generation,
+            "slot {index} reused under a live handle"
+        );
+        match lifecycle_of(word) {
+            PENDING => TimerState::Pending,
+            FIRED => TimerState::Expired,
+            _ => TimerState::Cancelled,
+        }
+    }
+
+    /// Whether the timer of generation `generation` in slot `index` is still pending (false
+    /// once the slot was reused).
+    pub(crate) fn is_pending(&self, index: u32, generation: u32) -> bool {
+        let word = self.word(index).load(Ordering::Acquire);
+        generation_of(word) == generation && lifecycle_of(word) == PENDING
+    }
+
+    /// PENDING -> CANCELLED. True iff this call did it (so the task will never run).
+    pub(crate) fn cancel(&self, index: u32, generation: u32) -> bool {
+        self.update(index, generation, |word| {
+            (lifecycle_of(word) == PENDING).then_some(word & !LIFECYCLE_MASK | CANCELLED)
+        })
+        .is_ok()
+    }
+
+    /// Counts a reset of a pending repeating timer; the caller then sends the reset message.
+    pub(crate) fn reset(&self, index: u32, generation: u32) -> ResetOutcome {
+        let mut busy = false;
+        let result = self.update(index, generation, |word| {
+            if lifecycle_of(word) != PENDING {
+                return None;
+            }
+            busy = word & RESET_MASK == RESET_MASK;
+            (!busy).then_some(word + RESET_ONE)
+        });
+        match result {
+            Ok(_) => ResetOutcome::Accepted,
+            Err(_) if busy => ResetOutcome::Busy,
+            Err(_) => ResetOutcome::NotPending,
+        }
+    }
+
+    /// The shard applies one reset message. Returns whether the timer is still pending (the
+    /// shard then moves it), or `None` if the message is stale (the slot was reused).
+    pub(crate) fn reset_applied(&self, index: u32, generation: u32) -> Option<bool> {
+        match self.update(index, generation, |word| {
+            debug_assert!(
+                resets_of(word) > 0,
+                "reset message for slot {index} without a count"
+            );
+            Some(word - RESET_ONE)
+        }) {
+            Ok((old, _)) => Some(lifecycle_of(old) == PENDING),
+            Err(_) => None,
+        }
+    }
+
+    /// The shard's attempt to fire a slot it holds, at tick `due` (`repeating`: its task is
+    /// repeating).
+    pub(crate) fn fire(&self, index: u32, due: u64, repeating: bool) -> FireOutcome {
+        let cell = self.slot(index);
+        let slot = &cell.state;
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            debug_assert!(
+                word & SHARD != 0,
+                "firing slot {index} the shard does not hold: {word:#x}"
+            );
+            debug_assert_eq!(
+                word & REPEATING != 0,
+                repeating,
+                "slot {index}'s REPEATING bit disagrees with its task"
+            );
+            if lifecycle_of(word) != PENDING {
+                return FireOutcome::Cancelled;
+            }
+            if repeating {
+                if resets_of(word) != 0 {
+                    return FireOutcome::ResetInFlight;
+                }
+            } else {
+                debug_assert!(
+                    word & DEADLINE_LOCK == 0,
+                    "slot {index}'s deadline lock is taken by someone other than its shard"
+                );
+                // Dekker with `reset_lazy`, which swaps the deadline and then reads the word:
+                // either we read its deadline, or it sees our lock. The fence comes with the
+                // compare-and-swap (`crate::sync::swap_then_fence` says why).
+                match crate::sync::compare_exchange_weak_then_fence(
+                    slot,
+                    word,
+                    word | DEADLINE_LOCK,
+                    Ordering::Acquire,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        return self.decide_locked(index, word | DEADLINE_LOCK, due);
+                    }
+                    Err(actual) => {
+                        word = actual;
+                        continue;
+                    }
+                }
+            }
+            debug_assert!(word & RUNNING == 0, "slot {index} fired while running");
+            let new = if repeating {
+                word | RUNNING
+            } else {
+                word & !(LIFECYCLE_MASK | SHARD) | FIRED
+            };
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) if repeating => return FireOutcome::Run,
+                Ok(_) => {
+                    return FireOutcome::Fire {
+                        free: is_unreferenced(new),
+                    };
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// The rest of [`fire`](Self::fire) for a one-shot timer whose deadline lock the shard
+    /// holds (`word` is the word it locked): fire, or unlock and look again later.
+    fn decide_locked(&self, index: u32, mut word: u64, due: u64) -> FireOutcome {
+        let cell = self.slot(index);
+        // After the lock and the fence: a reset whose swap we do not see here sees our lock
+        // and waits for the decision (and learns from it whether it was in time).
+        let deadline = cell.deadline.load(Ordering::Acquire);
+        loop {
+            let (new, outcome) = if lifecycle_of(word) != PENDING {
+                // Cancelled while we held the lock: its message will let go of the entry.
+                (word & !DEADLINE_LOCK, FireOutcome::Cancelled)
+            } else if deadline > due {
+                (word & !DEADLINE_LOCK, FireOutcome::Later(deadline))
+            } else {
+                let fired = word & !(LIFECYCLE_MASK | SHARD | DEADLINE_LOCK) | FIRED;
+                (
+                    fired,
+                    FireOutcome::Fire {
+                        free: is_unreferenced(fired),
+                    },
+                )
+            };
+            match cell
+                .state
+                .compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return outcome,
+                // A cancel, or a handle coming or going; the lock is still ours.
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// The shard takes back a repeating timer after a run (applying its `Rearm` message). If it is still pending and `again` (the task wants
+    /// another run), it stays PENDING and the shard re-arms it. Otherwise it ends: FIRED if it
+    /// stopped by itself (or panicked), CANCELLED if cancelled meanwhile; the shard lets go of
+    /// it and it is freed if no handle is left. See "Who counts a timer's end" for what the
+    /// outcome tells the shard to count.
+    pub(crate) fn finish_run(&self, index: u32, again: bool) -> RunEnd {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            // Validated, never assumed. `RUNNING | SHARD` identifies the run: the slot cannot be
+            // freed, so not reused, until its `Rearm` is applied (or, after shutdown, ends it).
+            if word & (RUNNING | SHARD) != RUNNING | SHARD {
+                debug_assert!(
+                    false,
+                    "slot {index} finished a run it was not in: {word:#x}"
+                );
+                return RunEnd::Stale;
+            }
+            let (new, end) = if lifecycle_of(word) != PENDING {
+                (word & !(RUNNING | SHARD), RunEnd::WasCancelled)
+            } else if again {
+                (word & !RUNNING, RunEnd::Again)
+            } else {
+                (
+                    word & !(RUNNING | SHARD | LIFECYCLE_MASK) | FIRED,
+                    RunEnd::Stopped,
+                )
+            };
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if is_unreferenced(new) {
+                        self.free(index, new);
+                    }
+                    return end;
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Whether a `Cancel` message of timer `(index, generation)` still has work: the slot is
+    /// that timer's, CANCELLED, and the shard holds its entry with its task (not out running:
+    /// the `Rearm` of a repeating timer cancelled during its run ends it instead, and may have
+    /// done so already, after which the entry, even the whole entry table, may be gone).
+    pub(crate) fn cancel_awaits_let_go(&self, index: u32, generation: u32) -> bool {
+        let word = self.word(index).load(Ordering::Acquire);
+        generation_of(word) == generation
+            && lifecycle_of(word) == CANCELLED
+            && word & (SHARD | RUNNING) == SHARD
+    }
+
+    /// A repeating timer's run ended after its shard shut down: it counts as cancelled by the
+    /// shutdown, and nothing holds it for the shard any more. True iff this call cancelled it.
+    pub(crate) fn end_run_after_shutdown(&self, index: u32) -> bool {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            if word & (RUNNING | SHARD) != RUNNING | SHARD {
+                debug_assert!(false, "slot {index} ended a run it was not in: {word:#x}");
+                return false;
+            }
+            let new = word & !(RUNNING | SHARD | LIFECYCLE_MASK)
+                | if lifecycle_of(word) == PENDING {
+                    CANCELLED
+                } else {
+                    lifecycle_of(word)
+                };
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if is_unreferenced(new) {
+                        self.free(index, new);
+                    }
+                    return lifecycle_of(word) == PENDING;
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// Frees a slot the shard just fired with no handle left (see [`FireOutcome::Fire`]).
+    pub(crate) fn free_fired(&self, index: u32) {
+        let word = self.word(index).load(Ordering::Acquire);
+        self.free(index, word);
+    }
+
+    /// The shard lets go of a cancelled slot (after dropping its task); frees it if no handle
+    /// is left.
+    pub(crate) fn let_go(&self, index: u32) {
+        let old = self.word(index).fetch_and(!SHARD, Ordering::AcqRel);
+        debug_assert!(old & SHARD != 0, "slot {index} let go twice: {old:#x}");
+        debug_assert_eq!(
+            lifecycle_of(old),
+            CANCELLED,
+            "slot {index} let go while not cancelled"
+        );
+        if is_unreferenced(old & !SHARD) {
+            self.free(index, old & !SHARD);
+        }
+    }
+
+    /// Shutdown: PENDING -> CANCELLED whatever the reset count. True iff this call did it.
+    pub(crate) fn cancel_for_shutdown(&self, index: u32) -> bool {
+        let word = self.word(index).load(Ordering::Acquire);
+        self.cancel(index, generation_of(word))
+    }
+
+    /// Another handle to the same timer. The count sticks at its maximum (the slot is then
+    /// never freed: a leak of 16 bytes rather than a wrapped count).
+    pub(crate) fn clone_handle(&self, index: u32) {
+        let word = self.word(index);
+        let mut current = word.load(Ordering::Relaxed);
+        while current & HANDLE_MASK != HANDLE_MASK {
+            match word.compare_exchange_weak(
+                current,
+                current + HANDLE_ONE,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return,
+                Err(actual) => current = actual,
+            }
+        }
+    }
+
+    /// A handle went away; frees the slot if nothing else refers to it.
+    pub(crate) fn drop_handle(&self, index: u32) {
+        let word = self.word(index);
+        let mut current = word.load(Ordering::Relaxed);
+        loop {
+            debug_assert!(
+                handles_of(current) > 0,
+                "slot {index} lost more handles than it had"
+            );
+            if current & HANDLE_MASK == HANDLE_MASK {
+                return; // Sticky: see `clone_handle`.
+            }
+            match word.compare_exchange_weak(
+                current,
+                current - HANDLE_ONE,
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => break,
+                Err(actual) => current = actual,
+            }
+        }
+        let new = current - HANDLE_ONE;
+        if is_unreferenced(new) {
+            self.free(index, new);
+        }
+    }
+
+    /// Slots handed out fresh since the table was made or last reclaimed.
+    #[cfg(test)]
+    pub(crate) fn allocated(&self) -> u64 {
+        self.fresh.next.load(Ordering::Relaxed) & FRESH_COUNT_MASK
+    }
+}

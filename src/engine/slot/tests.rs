@@ -1,0 +1,217 @@
+use super::pages::page_len;
+use super::*;
+
+#[test]
+fn locate_pages() {
+    assert_eq!(locate(0), (0, 0));
+    assert_eq!(locate(63), (0, 63));
+    assert_eq!(locate(64), (1, 0));
+    assert_eq!(locate(191), (1, 127));
+    assert_eq!(locate(192), (2, 0));
+    let (page, offset) = locate(u32::MAX - 2);
+    assert!(page < PAGES && offset < page_len(page));
+}
+
+#[test]
+fn lifecycle_and_reuse() {
+    let table = SlotTable::new();
+    let (index, generation) = table.allocate().unwrap();
+    table.begin(index, generation, 10, false);
+    assert_eq!(table.state(index, generation), TimerState::Pending);
+    assert!(table.cancel(index, generation));
+    assert!(!table.cancel(index, generation));
+    table.let_go(index);
+    table.drop_handle(index);
+    let (again, next_generation) = table.allocate().unwrap();
+    assert_eq!(again, index);
+    assert_eq!(next_generation, generation + 1);
+    table.begin(again, next_generation, 10, false);
+    assert!(
+        !table.cancel(index, generation),
+        "stale handle must not cancel"
+    );
+    assert_eq!(table.fire(again, 9, false), FireOutcome::Later(10));
+    assert_eq!(
+        table.reset_lazy(again, next_generation, 20),
+        LazyReset::Done { earlier: false }
+    );
+    assert_eq!(table.fire(again, 10, false), FireOutcome::Later(20));
+    assert_eq!(
+        table.reset_lazy(again, next_generation, 15),
+        LazyReset::Done { earlier: true }
+    );
+    assert_eq!(
+        table.fire(again, 15, false),
+        FireOutcome::Fire { free: false }
+    );
+    assert_eq!(table.state(again, next_generation), TimerState::Expired);
+    assert_eq!(
+        table.reset_lazy(again, next_generation, 30),
+        LazyReset::NotPending
+    );
+    assert_eq!(table.allocated(), 1);
+}
+
+#[test]
+fn repeating_timers_reset_through_the_shard() {
+    let table = SlotTable::new();
+    let (index, generation) = table.allocate().unwrap();
+    table.begin(index, generation, 10, true);
+    assert_eq!(
+        table.reset_lazy(index, generation, 20),
+        LazyReset::Repeating
+    );
+    assert_eq!(table.reset(index, generation), ResetOutcome::Accepted);
+    assert_eq!(table.fire(index, 10, true), FireOutcome::ResetInFlight);
+    assert_eq!(table.reset_applied(index, generation), Some(true));
+    assert_eq!(table.fire(index, 10, true), FireOutcome::Run);
+    assert_eq!(table.allocated(), 1);
+}
+
+/// Schedules `count` timers and cancels them the way a handle and the shard do (their
+/// handles are left to drop); returns their (index, generation).
+fn fill_and_cancel(table: &SlotTable, count: usize) -> Vec<(u32, u32)> {
+    let timers: Vec<(u32, u32)> = (0..count)
+        .map(|_| {
+            let (index, generation) = table.allocate().unwrap();
+            table.begin(index, generation, 10, false);
+            (index, generation)
+        })
+        .collect();
+    for &(index, generation) in &timers {
+        assert!(table.cancel(index, generation));
+        table.let_go(index);
+    }
+    timers
+}
+
+#[test]
+fn reclaim_then_reuse() {
+    let table = SlotTable::new();
+    let count = RECLAIM_ABOVE as usize + 1000;
+    // A few slots reused many times: their generations run ahead of the others'.
+    for _ in 0..5 {
+        let (index, generation) = table.allocate().unwrap();
+        table.begin(index, generation, 10, false);
+        assert!(table.cancel(index, generation));
+        table.let_go(index);
+        table.drop_handle(index);
+    }
+    let old = fill_and_cancel(&table, count);
+    let newest = old.iter().map(|&(_, generation)| generation).max().unwrap();
+    assert_eq!(newest, 5, "slot 0 was reused five times");
+    for &(index, _) in &old {
+        table.drop_handle(index);
+    }
+    assert_eq!(table.allocated(), count as u64);
+    assert_eq!(table.try_reclaim(), Reclaim::Reclaimed);
+    assert_eq!(table.allocated(), 0);
+    // The used part of page 6 (slots 4032..) was given back: it reads as zeros.
+    #[cfg(target_os = "linux")]
+    assert_eq!(table.word(4032 + 512).load(Ordering::Relaxed), 0);
+    // Stale operations (a handle's, or a message's) find no timer.
+    for &(index, generation) in &old {
+        assert!(!table.is_pending(index, generation));
+        assert!(
+            !table.cancel(index, generation),
+            "stale cancel of slot {index}"
+        );
+        assert_eq!(table.reset_applied(index, generation), None);
+    }
+    // Allocation starts over, above every old generation, on pages given back.
+    let new = fill_and_cancel(&table, count);
+    for (position, &(index, generation)) in new.iter().enumerate() {
+        assert_eq!(
+            index as usize, position,
+            "fresh slots are handed out in order"
+        );
+        assert!(
+            generation > newest + 1,
+            "generation {generation} not above {newest} + 1"
+        );
+        assert_eq!(table.state(index, generation), TimerState::Cancelled);
+    }
+    // The old handles of the same indices still cannot touch the new timers.
+    for &(index, generation) in old.iter().take(10) {
+        assert!(!table.cancel(index, generation));
+    }
+    for &(index, _) in &new {
+        table.drop_handle(index);
+    }
+    // Twice in a row works (the generations keep rising).
+    assert_eq!(table.try_reclaim(), Reclaim::Reclaimed);
+    let (index, generation) = table.allocate().unwrap();
+    assert_eq!(index, 0);
+    assert!(generation > new[0].1);
+}
+
+#[test]
+fn reclaim_waits_for_every_handle() {
+    let table = SlotTable::new();
+    let timers = fill_and_cancel(&table, RECLAIM_ABOVE as usize + 100);
+    let (held, held_generation) = timers[1234];
+    for &(index, _) in &timers {
+        if index != held {
+            table.drop_handle(index);
+        }
+    }
+    let Reclaim::Busy { head } = table.try_reclaim() else {
+        panic!("reclaimed while a handle was held");
+    };
+    assert_eq!(head, table.free_head(), "a failed try changes nothing");
+    assert_eq!(table.allocated(), timers.len() as u64);
+    assert_eq!(table.state(held, held_generation), TimerState::Cancelled);
+    table.drop_handle(held);
+    assert_ne!(table.free_head(), head, "a free changes the head");
+    assert_eq!(table.try_reclaim(), Reclaim::Reclaimed);
+}
+
+#[test]
+fn reclaim_waits_for_slots_allocated_but_not_begun() {
+    let table = SlotTable::new();
+    let timers = fill_and_cancel(&table, 100);
+    for &(index, _) in &timers {
+        table.drop_handle(index);
+    }
+    assert_eq!(table.try_reclaim(), Reclaim::Nothing, "too small to bother");
+    // A fresh slot allocated but not begun yet: its word looks FREE, but it is not on the
+    // free list.
+    let timers = fill_and_cancel(&table, RECLAIM_ABOVE as usize);
+    let (fresh, fresh_generation) = table.allocate().unwrap();
+    assert_eq!(table.allocated(), RECLAIM_ABOVE + 1);
+    for &(index, _) in &timers {
+        table.drop_handle(index);
+    }
+    assert!(matches!(table.try_reclaim(), Reclaim::Busy { .. }));
+    table.begin(fresh, fresh_generation, 10, false);
+    assert!(table.cancel(fresh, fresh_generation));
+    table.let_go(fresh);
+    table.drop_handle(fresh);
+    // A popped slot, likewise, through its life.
+    let (index, generation) = table.allocate().unwrap();
+    assert!(matches!(table.try_reclaim(), Reclaim::Busy { .. }));
+    table.begin(index, generation, 10, false);
+    assert!(matches!(table.try_reclaim(), Reclaim::Busy { .. }));
+    assert!(table.cancel(index, generation));
+    table.let_go(index);
+    assert!(matches!(table.try_reclaim(), Reclaim::Busy { .. }));
+    table.drop_handle(index);
+    assert_eq!(table.try_reclaim(), Reclaim::Reclaimed);
+}
+
+#[test]
+fn exhaustion_neither_undoes_into_ready_nor_creeps() {
+    let table = SlotTable::new();
+    table
+        .fresh
+        .next
+        .store(ALL_READY | MAX_SLOTS, Ordering::Relaxed);
+    for _ in 0..3 {
+        assert_eq!(table.allocate(), None);
+    }
+    assert_eq!(
+        table.fresh.next.load(Ordering::Relaxed),
+        ALL_READY | MAX_SLOTS,
+        "the count stays at the maximum, ready untouched"
+    );
+}
