@@ -2,8 +2,9 @@
 //!
 //! # A timer's life
 //!
-//! 1. **Schedule** (any thread). The thread's home shard is used (chosen at its first schedule
-//!    and kept: see the policy in `engine/placement.rs`). A
+//! 1. **Schedule** (any thread). The thread's home shard is used, chosen at its first schedule
+//!    and kept: one pinned to the CPU the thread ran on then (so the message and the entry stay
+//!    in that core's caches), else round-robin by thread; a shard's own thread uses its own. A
 //!    slot is popped from the shard's
 //!    lock-free free list (a tagged Treiber stack threaded through the free slots' state
 //!    words) or taken fresh; the deadline tick is written beside the state word, which then
@@ -90,8 +91,9 @@
 //! | a stale message (`Relocate`, `Reset`, `Cancel`) never hits a new timer | new generations start above every generation on the list |
 //! | pages are never unmapped or freed before the table is dropped | `madvise` changes content, not mappings |
 //!
-//! While handles are still held, the shard tries again later, with a backoff, and stops while
-//! nothing changes (an idle engine stays asleep): see `engine/reclaim.rs`.
+//! While handles are still held, the shard tries again after 20 ms, 40 ms, ... up to 1 s,
+//! walking the list only when it changed, and stops when it has not changed for a second (an
+//! idle engine stays asleep); a later turn of the shard starts over if it changed.
 //!
 //! # Waking a sleeping shard
 //!
@@ -109,8 +111,7 @@
 //! documentation (`engine/executor.rs`), where every such call site is listed. A shard thread
 //! that dies anyway (an engine bug) is marked failed: `Stats::failed_shards` reports it,
 //! schedules routed to it fail with `ScheduleError::ShardFailed`, and shutdown returns the
-//! timers it held (see `engine/worker.rs`). One turn of a shard, the same on its worker thread
-//! and under a manual clock, is `ShardOwner::turn` (`engine/owner.rs`).
+//! timers it held (see `engine/worker.rs`).
 //!
 //! # Shutdown
 //!
