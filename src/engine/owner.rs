@@ -482,10 +482,10 @@ impl Drop for ShardOwner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::clock::Clock;
     use crate::clock::TickClock;
     use crate::engine::handle::TimerHandle;
     use crate::engine::slot::{RECLAIM_ABOVE, Reclaim};
-    use crate::clock::Clock;
     use std::time::Duration;
 
     /// A shard driven by hand (ticks of 1 ms), holding `count` cancelled timers whose handles

@@ -136,7 +136,8 @@ impl IdleReclaim {
                 let first = clock.ticks_in(RECLAIM_DELAY).max(1);
                 // At least 20 times the walk's own time: an application that keeps many
                 // handles and drops them slowly costs the idle shard at most 5% of a core.
-                let walk_bound = clock.ticks_in(Duration::from_nanos(walk_nanos.saturating_mul(20)));
+                let walk_bound =
+                    clock.ticks_in(Duration::from_nanos(walk_nanos.saturating_mul(20)));
                 self.backoff = (self.backoff * 2).clamp(first, longest).max(walk_bound);
                 self.at = now_tick.saturating_add(self.backoff);
             }

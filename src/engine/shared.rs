@@ -230,4 +230,3 @@ impl Drop for ShardShared {
         }
     }
 }
-

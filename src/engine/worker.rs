@@ -1,7 +1,7 @@
-//! A shard's worker thread: drain the inbox, advance the wheel, hand off, sleep until the next
-//! deadline or until woken.
+//! A shard's worker thread: one [`ShardOwner::turn`] after another, and in between, sleeping
+//! until the next deadline or until a message wakes it.
 
-use super::executor::{Dispatch, drop_uncounted};
+use super::executor::Dispatch;
 use super::handoff::{self, Handoff};
 use super::inbox::{DRAIN_INTERVAL, ParkOutcome};
 use super::owner::{DRAIN_BATCH, OwnerHold, ShardOwner};
@@ -123,7 +123,7 @@ fn run(
             turns(&mut owner, &mut handoff, &dispatch);
         }));
         if let Err(payload) = outcome {
-            drop_uncounted(payload);
+            super::executor::drop_uncounted(payload);
             shared.fail();
             // Mid-hand-off, the owner waits in PARKED_OWNER (unless shutdown took it).
             let parked = owner.take().or_else(|| take_parked_owner(&shared));
