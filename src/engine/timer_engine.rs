@@ -284,3 +284,33 @@ fn close(owner: ShardOwner) -> Vec<UnfiredTimer> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Clock, Executor, Timer};
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    /// Under a manual clock, a task run inline by `advance` may shut the engine down: the turn
+    /// lets go of the owner's lock while its tasks run, and the shutdown returns the shard's
+    /// other timers.
+    #[test]
+    fn manual_clock_task_may_shut_the_engine_down() -> Result<(), Box<dyn std::error::Error>> {
+        let clock = Clock::manual();
+        let timer = Timer::builder()
+            .shards(1)
+            .clock(clock.clone())
+            .executor(Executor::Inline)
+            .build()?;
+        let (sender, receiver) = mpsc::channel();
+        let inside = timer.clone();
+        timer.schedule(Duration::from_millis(1), move || {
+            sender.send(inside.shutdown().len()).unwrap();
+        })?;
+        timer.schedule(Duration::from_secs(60), || {})?;
+        clock.advance(Duration::from_millis(5));
+        assert_eq!(receiver.try_recv()?, 1, "the other timer is returned");
+        assert!(timer.is_shut_down());
+        Ok(())
+    }
+}
