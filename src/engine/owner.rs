@@ -378,19 +378,20 @@ impl ShardOwner {
     }
 
     /// One turn of the shard, the same for its worker thread and for the manual clock's
-    /// driver, in this order:
+    /// driver (`Engine::drive`), in this order:
     ///
-    /// | step | why here |
-    /// |------|----------|
-    /// | drain up to [`DRAIN_BATCH`] messages | timers scheduled before `now` fire in this turn |
-    /// | expire to the clock's tick (spilling to the pool every [`Dispatch::spill_every`] tasks when `spill`) | |
-    /// | flush counters | `Stats` see the turn before its tasks run |
-    /// | hand off (`hold` lets go of the owner) | user code runs; it may shut down and take the owner |
-    /// | cascade ahead | housekeeping after the hand-off, so that expired tasks never wait for it |
-    /// | reclaim idle memory, at the clock's tick read again | |
+    /// | step | why there |
+    /// |------|-----------|
+    /// | drain up to [`DRAIN_BATCH`] messages | timers scheduled before now fire in this turn |
+    /// | expire to the clock's tick | every `spill_every` one-shot tasks go to the pool at once (`spill`) |
+    /// | flush counters | `Stats` include the turn before its tasks run |
+    /// | hand off, with the owner let go of (`hold`) | user code runs: it may shut down and take the owner |
+    /// | cascade ahead | after the hand-off, so that expired tasks never wait for it |
+    /// | reclaim idle memory, at the tick read again | last: it may plan the next wake-up |
     ///
-    /// `handoff` is empty again after a turn (except on a panic). Returns `None` when `hold`
-    /// has no owner (any more): shutdown took it.
+    /// The worker spills (`spill: true`); the manual clock does not. `handoff` is empty again
+    /// after a turn (unless a panic cut it short). Returns `None` when `hold` has no owner (any
+    /// more): shutdown took it.
     pub(crate) fn turn(
         hold: &mut impl OwnerHold,
         handoff: &mut Handoff,
