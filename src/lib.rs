@@ -61,7 +61,7 @@ pub use default_timer::{
 };
 pub use engine::executor::Executor;
 pub use engine::handle::TimerHandle;
-pub use engine::shard::UnfiredTimer;
+pub use engine::handoff::UnfiredTimer;
 pub use engine::slot::TimerState;
 pub use error::{BuildError, DefaultTimerError, ScheduleError};
 pub use futures::{Elapsed, Interval, Sleep, Timeout};

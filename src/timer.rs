@@ -1,17 +1,17 @@
 //! The public face: [`Timer`] and its [`Builder`].
 
 use crate::TimerHandle;
-use crate::clock::{Clock, Driven, TickClock};
-use crate::engine::executor::{Dispatch, Executor, Pool};
-use crate::engine::shard::{PendingLimit, ShardCore, ShardShared, UnfiredTimer};
-use crate::engine::{Drive, Engine, worker};
+use crate::clock::{Clock, Driven};
+use crate::engine::executor::Executor;
+use crate::engine::handoff::UnfiredTimer;
+use crate::engine::{Engine, Settings};
 use crate::error::{BuildError, ScheduleError};
 use crate::futures::{Interval, Sleep, Timeout};
 use crate::periodic::{Cadence, MissedTickBehavior, Repeating};
 use crate::stats::Stats;
-use crate::sync::{Arc, Mutex, registry, thread};
+use crate::sync::{Arc, registry};
 use crate::task::Task;
-use crate::wheel::{DEFAULT_LEVELS, MAX_LEVELS};
+use crate::wheel::DEFAULT_LEVELS;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
@@ -37,10 +37,9 @@ pub(crate) fn far_future(now: Instant) -> Instant {
 /// * **Shards.** One shard per core by default. Each owns a hierarchical timing wheel
 ///   ([`crate::wheel`]) and a worker thread pinned to its core (best effort). Only that thread
 ///   touches the wheel: no locks inside.
-/// * **Submission.** `schedule` takes a slot in the calling thread's home shard (one pinned to
-///   the CPU the thread first scheduled from, else round-robin; a shard's own thread uses its
-///   shard), marks it pending in
-///   the slot's atomic state word, and sends the task to the shard through its lock-free inbox.
+/// * **Submission.** `schedule` takes a slot in the calling thread's home shard (chosen at its
+///   first schedule and kept; see `engine/placement.rs`), marks it pending in the slot's atomic
+///   state word, and sends the task to the shard through its lock-free inbox.
 ///   The handle names its shard and slot, so `cancel` and `reset` always reach the owner.
 /// * **Exactly once.** Firing, cancelling and resetting are compare-and-swaps on the timer's
 ///   state word: a task runs iff no `cancel()` returned true for it, and never twice. See
@@ -388,7 +387,7 @@ impl Timer {
             .store(true, std::sync::atomic::Ordering::Relaxed);
         // An inline no-op due at once wakes the shard (pushed after the flag: it sees it). It
         // is never returned by `shutdown`: shutdown runs inline tasks.
-        let _ = ShardShared::submit(shard, 0, Task::new_inline(|| {}));
+        let _ = TimerHandle::submit(shard, 0, Task::new_inline(|| {}));
     }
 
     /// Whether [`shutdown`](Self::shutdown) has been called.
@@ -474,133 +473,27 @@ impl Builder {
 
     /// Starts the engine.
     pub fn build(self) -> Result<Timer, BuildError> {
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let shard_count = self.shards.unwrap_or(cpus);
-        if shard_count == 0 {
-            return Err(BuildError::NoShards);
-        }
-        if self.tick.is_zero() {
-            return Err(BuildError::ZeroTick);
-        }
-        if !(1..=MAX_LEVELS).contains(&self.levels) {
-            return Err(BuildError::InvalidLevels {
-                levels: self.levels,
-            });
-        }
-        let dispatch = if cfg!(loom) {
-            Dispatch::Inline
-        } else {
-            match self.executor {
-                Executor::DefaultPool => Dispatch::Pool(registry::Arc::new(Pool::deferred(cpus))),
-                Executor::ThreadPool(pool) => Dispatch::Pool(registry::Arc::new(Pool::given(pool))),
-                Executor::Inline => Dispatch::Inline,
-            }
-        };
-        let clock = TickClock::new(self.clock.clone(), self.tick);
-        let limit = self.max_pending.map(|max| Arc::new(PendingLimit::new(max)));
-        let shards: Box<[Arc<ShardShared>]> = (0..shard_count)
-            .map(|_| Arc::new(ShardShared::new(clock.clone(), limit.clone())))
-            .collect();
-        let cores: Vec<ShardCore> = shards
-            .iter()
-            .map(|shard| ShardCore::new(shard.clone(), self.levels))
-            .collect();
-
-        if self.clock.is_manual() {
-            let drive = Drive::ByHand(
-                cores
-                    .into_iter()
-                    .map(|core| Mutex::new(Some(core)))
-                    .collect(),
-            );
-            let engine = Arc::new(Engine::new(
-                shards,
-                clock,
-                dispatch,
-                limit,
-                drive,
-                Box::default(),
-            ));
+        let engine = Engine::start(Settings {
+            shards: self.shards,
+            tick: self.tick,
+            pin_threads: self.pin_threads,
+            max_pending: self.max_pending,
+            levels: self.levels,
+            executor: self.executor,
+            clock: self.clock.clone(),
+        })?;
+        // A manual clock's `advance` drives the engine, through a weak reference.
+        let driver = self.clock.is_manual().then(|| {
             let driver: registry::Arc<dyn Driven> =
                 registry::Arc::new(ManualDriver(engine.clone()));
             self.clock.register(registry::Arc::downgrade(&driver));
-            return Ok(Timer {
-                inner: Arc::new(TimerInner {
-                    engine,
-                    _driver: Some(driver),
-                }),
-            });
-        }
-
-        // Loom runs every thread on one OS thread: pinning would pin the model checker.
-        let core_ids = if self.pin_threads && !cfg!(loom) {
-            core_affinity::get_core_ids().unwrap_or_default()
-        } else {
-            Vec::new()
-        };
-        let mut shards_by_cpu: Vec<Vec<usize>> = Vec::new();
-        if !core_ids.is_empty() {
-            for ordinal in 0..shard_count {
-                let cpu = core_ids[ordinal % core_ids.len()].id;
-                if shards_by_cpu.len() <= cpu {
-                    shards_by_cpu.resize_with(cpu + 1, Vec::new);
-                }
-                shards_by_cpu[cpu].push(ordinal);
-            }
-        }
-        let shards_by_cpu = shards_by_cpu
-            .into_iter()
-            .map(Vec::into_boxed_slice)
-            .collect();
-        let mut workers = Vec::with_capacity(shard_count);
-        let mut spawn_error = None;
-        for (ordinal, core) in cores.into_iter().enumerate() {
-            let dispatch = dispatch.clone();
-            let pin = (!core_ids.is_empty()).then(|| core_ids[ordinal % core_ids.len()]);
-            let spawned = spawn_worker(ordinal, move || worker::run(core, dispatch, ordinal, pin));
-            match spawned {
-                Ok(handle) => workers.push(handle),
-                Err(error) => {
-                    spawn_error = Some(error);
-                    break;
-                }
-            }
-        }
-        let engine = Arc::new(Engine::new(
-            shards,
-            clock,
-            dispatch,
-            limit,
-            Drive::Threads(Mutex::new(workers)),
-            shards_by_cpu,
-        ));
-        if let Some(error) = spawn_error {
-            drop(engine.shutdown());
-            return Err(BuildError::Spawn(error));
-        }
+            driver
+        });
         Ok(Timer {
             inner: Arc::new(TimerInner {
                 engine,
-                _driver: None,
+                _driver: driver,
             }),
         })
     }
-}
-
-#[cfg(not(loom))]
-fn spawn_worker(
-    ordinal: usize,
-    run: impl FnOnce() -> Option<ShardCore> + Send + 'static,
-) -> std::io::Result<thread::JoinHandle<Option<ShardCore>>> {
-    thread::Builder::new()
-        .name(format!("shardwheel-shard-{ordinal}"))
-        .spawn(run)
-}
-
-#[cfg(loom)]
-fn spawn_worker(
-    _ordinal: usize,
-    run: impl FnOnce() -> Option<ShardCore> + Send + 'static,
-) -> std::io::Result<thread::JoinHandle<Option<ShardCore>>> {
-    Ok(thread::spawn(run))
 }

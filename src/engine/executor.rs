@@ -7,7 +7,8 @@
 //! when it is dropped unrun (everything it captured has a destructor), repeating tasks, the
 //! `Waker` a [`Sleep`](crate::Sleep) wakes (and drops), and the payload of any of their panics
 //! (whose own destructor may panic again). The engine calls into it in one way only: through
-//! [`contain`] (or its uncounted twin [`drop_uncounted`], where no shard is at hand), which catches a panic, counts it in [`Stats::panicked`](crate::Stats::panicked)
+//! [`contain`] (or its uncounted twin [`drop_uncounted`], where no shard is at hand), which
+//! catches a panic, counts it in [`Stats::panicked`](crate::Stats::panicked)
 //! and drops its payload inside a second guard (a payload whose destructor panics too is
 //! forgotten: leaked, never dropped). So a user panic never unwinds into the engine: no shard
 //! thread dies of one, and no pool job lets one escape (rayon aborts the process on a panic
@@ -17,24 +18,23 @@
 //!
 //! | where | runs or drops |
 //! |-------|---------------|
-//! | [`run_task`] (pool batches, `spill`, inline on the shard, `Engine::drive`, shutdown's wake-ups) | one-shot tasks and wakers: run |
-//! | [`run_repeating`] | a repeating task: one run; dropped when it stopped or panicked |
-//! | every `pool.spawn` body ([`Dispatch::spill`], [`Dispatch::hand_off`]) | the job as a whole |
-//! | [`Dispatch::hand_off`], shutdown's `close` | tasks of cancelled or ended timers: dropped |
+//! | [`run_task`] (pool batches, `spill`, inline on the shard, shutdown's wake-ups) | one-shot tasks and wakers: run |
+//! | `handoff::run_repeating` | a repeating task: one run; dropped when it stopped or panicked |
+//! | every `pool.spawn` body (`handoff::spill`, `handoff::hand_off`) | the job as a whole |
+//! | `handoff::run_here`, shutdown's `ShardOwner::close` | tasks of cancelled or ended timers: dropped |
 //! | `ShardShared::discard_late_messages`, `ShardShared::submit`'s refusals | tasks in late messages, tasks of refused schedules: dropped |
-//! | `Drop` of `Handoff`, `ShardCore` and `ShardShared` (its inbox) | tasks still held when they go (a failed shard): dropped |
+//! | `Drop` of `Handoff`, `ShardOwner` and `ShardShared` (its inbox) | tasks still held when they go (a failed shard): dropped |
 //!
-//! Dropping on the shard thread happens only after the turn let go of the shard's state (the
-//! turn collects tasks into a `Handoff`, see `shard.rs`), so user code never sees the shard
+//! Dropping on the shard thread happens only after the turn let go of the owner's state (the
+//! turn collects tasks into a `Handoff`, see `handoff.rs`), so user code never sees the shard
 //! mid-change, and may even call `shutdown()` (see `worker::hand_off`).
 //!
 //! Only a panic while already unwinding cannot be contained: a task whose captured value
 //! panics in its destructor while the task's own panic unwinds aborts the process (Rust's
 //! rule, not the engine's).
 
-use super::shard::{Handoff, RepeatingRun, ShardShared};
 use crate::error::ScheduleError;
-use crate::sync::Arc;
+use crate::stats::ShardCounters;
 use crate::sync::OnceLock;
 use crate::sync::registry;
 use crate::task::Task;
@@ -116,13 +116,13 @@ impl Pool {
 }
 
 /// Calls user code (running or dropping it: see [Containing user code](self#containing-user-code)).
-/// A panic is caught, counted in `shard`'s `panicked` counter, and its payload dropped inside a
-/// second guard; returns `None` then.
-pub(crate) fn contain<R>(shard: &ShardShared, user_code: impl FnOnce() -> R) -> Option<R> {
+/// A panic is caught, counted in the shard's `panicked` counter (`counters`), and its payload
+/// dropped inside a second guard; returns `None` then.
+pub(crate) fn contain<R>(counters: &ShardCounters, user_code: impl FnOnce() -> R) -> Option<R> {
     match catch_unwind(AssertUnwindSafe(user_code)) {
         Ok(value) => Some(value),
         Err(payload) => {
-            shard.counters.panicked.fetch_add(1, Ordering::Relaxed);
+            counters.panicked.fetch_add(1, Ordering::Relaxed);
             drop_payload(payload);
             None
         }
@@ -130,8 +130,8 @@ pub(crate) fn contain<R>(shard: &ShardShared, user_code: impl FnOnce() -> R) -> 
 }
 
 /// Drops user code's `value` (a task, a message holding one) with [`contain`].
-pub(crate) fn drop_contained<T>(shard: &ShardShared, value: T) {
-    contain(shard, move || drop(value));
+pub(crate) fn drop_contained<T>(counters: &ShardCounters, value: T) {
+    contain(counters, move || drop(value));
 }
 
 /// Drops `value` under the same guards as [`contain`], counting nothing: for a `Handoff`
@@ -152,42 +152,23 @@ fn drop_payload(payload: Box<dyn Any + Send>) {
 
 /// Runs one task with [`contain`], so that neither the executor nor the engine goes down
 /// with it.
-pub(crate) fn run_task(task: Task, shard: &ShardShared) {
-    contain(shard, || task.run());
+pub(crate) fn run_task(task: Task, counters: &ShardCounters) {
+    contain(counters, || task.run());
 }
 
 /// One-shot tasks a shard hands to the pool at once, mid-turn, when many expire together.
 const SPILL_EVERY: usize = 128;
 
 /// Runs a batch of one-shot tasks on the pool, split across its threads.
-fn run_batch(tasks: Vec<Task>, shard: &ShardShared) {
+pub(crate) fn run_batch(tasks: Vec<Task>, counters: &ShardCounters) {
     use rayon::prelude::*;
     if tasks.len() <= 64 {
-        tasks.into_iter().for_each(|task| run_task(task, shard));
+        tasks.into_iter().for_each(|task| run_task(task, counters));
     } else {
         tasks
             .into_par_iter()
             .with_min_len(64)
-            .for_each(|task| run_task(task, shard));
-    }
-}
-
-/// Runs one run of a repeating timer and hands it back to its shard, re-armed for its next
-/// run, or ended if it asked to stop or panicked.
-pub(crate) fn run_repeating(run: RepeatingRun, shard: &ShardShared) {
-    let RepeatingRun { index, mut task } = run;
-    let clock = &shard.clock;
-    let now = || clock.now_nanos();
-    let outcome = contain(shard, || task.run_repeating(clock.now_nanos(), &now));
-    match outcome {
-        Some(Some(next_nanos)) => {
-            ShardShared::rearm(shard, index, clock.tick_at_nanos(next_nanos), Some(task));
-        }
-        // Stopped, or panicked (counted): the task is dropped here, before the shard hears.
-        Some(None) | None => {
-            drop_contained(shard, task);
-            ShardShared::rearm(shard, index, u64::MAX, None);
-        }
+            .for_each(|task| run_task(task, counters));
     }
 }
 
@@ -203,7 +184,7 @@ impl Dispatch {
     }
 
     /// How many expired one-shot tasks a shard collects before handing them over mid-turn
-    /// (see [`spill`](Self::spill)); never while the pool has not started.
+    /// (see [`handoff::spill`](super::handoff::spill)); never while the pool has not started.
     pub(crate) fn spill_every(&self) -> usize {
         match self {
             Dispatch::Pool(pool) if pool.started().is_some() => SPILL_EVERY,
@@ -211,61 +192,11 @@ impl Dispatch {
         }
     }
 
-    /// Hands one-shot tasks to the pool in the middle of a turn. Runs no user code here.
-    pub(crate) fn spill(&self, tasks: Vec<Task>, shard: &Arc<ShardShared>) {
-        if let Dispatch::Pool(pool) = self
-            && let Some(pool) = pool.started()
-        {
-            let shard = shard.clone();
-            pool.spawn(move || {
-                contain(&shard, || run_batch(tasks, &shard));
-            });
-        } else {
-            // Unreachable: `spill_every` is `usize::MAX` here.
-            debug_assert!(false, "spill without a started pool");
-        }
-    }
-
-    /// Hands out a turn's work: one-shot and repeating tasks to the pool (or here, when
-    /// inline), inline tasks here, dropped tasks dropped here. Call with no shard state
-    /// borrowed: user code runs.
-    pub(crate) fn hand_off(&self, handoff: &mut Handoff, shard: &Arc<ShardShared>) {
-        let expired = std::mem::take(&mut handoff.expired);
-        let repeating = std::mem::take(&mut handoff.repeating);
-        let pool = match self {
+    /// The pool, if tasks go to one and it has started.
+    pub(crate) fn started_pool(&self) -> Option<&rayon::ThreadPool> {
+        match self {
             Dispatch::Pool(pool) => pool.started(),
             Dispatch::Inline => None,
-        };
-        match pool {
-            Some(pool) if !(expired.is_empty() && repeating.is_empty()) => {
-                let shard = shard.clone();
-                pool.spawn(move || {
-                    use rayon::prelude::*;
-                    contain(&shard, || {
-                        run_batch(expired, &shard);
-                        repeating
-                            .into_par_iter()
-                            .for_each(|run| run_repeating(run, &shard));
-                    });
-                });
-            }
-            Some(_) => {}
-            // Inline dispatch; or a closure task without a started pool, which
-            // `ready_for_closures` rules out: then it runs here rather than not at all.
-            None => {
-                for task in expired {
-                    run_task(task, shard);
-                }
-                for run in repeating {
-                    run_repeating(run, shard);
-                }
-            }
-        }
-        for task in handoff.inline.drain(..) {
-            run_task(task, shard);
-        }
-        for task in handoff.dropped.drain(..) {
-            drop_contained(shard, task);
         }
     }
 }

@@ -1,10 +1,12 @@
 //! The user's side of a timer: [`TimerHandle`].
 
-use super::inbox::PushOutcome;
 use super::message::Message;
-use super::shard::ShardShared;
+use super::placement::counter_stripe;
+use super::shared::ShardShared;
 use super::slot::{LazyReset, ResetOutcome, TimerState};
+use crate::error::ScheduleError;
 use crate::sync::{Arc, thread};
+use crate::task::Task;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -21,9 +23,23 @@ pub struct TimerHandle {
 }
 
 impl TimerHandle {
+    /// Schedules `task` at tick `deadline` on `shard` ([`ShardShared::submit`]).
+    pub(crate) fn submit(
+        shard: &Arc<ShardShared>,
+        deadline: u64,
+        task: Task,
+    ) -> Result<TimerHandle, ScheduleError> {
+        let (index, generation) = shard.submit(deadline, task)?;
+        Ok(TimerHandle {
+            shard: shard.clone(),
+            index,
+            generation,
+        })
+    }
+
     /// Cancels the timer. Returns true iff this call prevented the task from running: false if
     /// it already fired, or was cancelled before (by any handle, or by shutdown). O(1); the
-    /// task and bookkeeping are released by the owning shard at its next turn.
+    /// task and bookkeeping are dropped by the owning shard at its next turn.
     pub fn cancel(&self) -> bool {
         let shard = &*self.shard;
         if !shard.slots.cancel(self.index, self.generation) {
@@ -32,15 +48,13 @@ impl TimerHandle {
         shard.count_cancelled(1);
         #[cfg(feature = "test-hooks")]
         test_hooks::after_cancel_transition();
-        if let PushOutcome::Closed { drained: true } = shard.inbox.push(
+        shard.send(
             Message::Cancel {
                 index: self.index,
                 generation: self.generation,
             },
             u64::MAX,
-        ) {
-            shard.discard_late_messages();
-        }
+        );
         true
     }
 
@@ -68,17 +82,13 @@ impl TimerHandle {
         {
             LazyReset::NotPending => return false,
             LazyReset::Done { earlier } => {
-                shard.counters.count_reset(super::worker::counter_stripe());
+                shard.counters.count_reset(counter_stripe());
                 if earlier {
                     let message = Message::Relocate {
                         index: self.index,
                         generation: self.generation,
                     };
-                    if let PushOutcome::Closed { drained: true } =
-                        shard.inbox.push(message, deadline)
-                    {
-                        shard.discard_late_messages();
-                    }
+                    shard.send(message, deadline);
                 }
                 return true;
             }
@@ -104,9 +114,7 @@ impl TimerHandle {
             generation: self.generation,
             deadline,
         };
-        if let PushOutcome::Closed { drained: true } = shard.inbox.push(message, deadline) {
-            shard.discard_late_messages();
-        }
+        shard.send(message, deadline);
         true
     }
 

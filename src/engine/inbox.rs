@@ -25,7 +25,7 @@
 //! busy inbox costs one wake-up per interval, not one per message, and an idle engine none.
 //!
 //! At shutdown the shard sets CLOSED and drains; a submitter whose add sees CLOSED settles the
-//! race on the timer's own state word (see `Timer::schedule`). After its last drain the shard
+//! race on the timer's own state word (see `ShardShared::submit`). After its last drain the shard
 //! sets DRAINED; from then on late submitters empty the queue themselves.
 
 use super::message::Message;

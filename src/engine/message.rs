@@ -1,4 +1,4 @@
-//! The messages other threads send a shard through its [`Inbox`](super::inbox::Inbox).
+//! The messages other threads send a shard's owner through its inbox (`inbox.rs`).
 
 use crate::task::Task;
 

@@ -1,16 +1,32 @@
 //! The sharded engine: one wheel per shard, reached through lock-free inboxes.
 //!
-//! One file per stage of a timer's life: [`slot`] (the shared state word), [`message`] and
-//! [`inbox`] (getting to the owner), [`shard`] (the owner's wheel and tasks), [`worker`]
-//! (the owner's thread), [`executor`] (running expired tasks), [`handle`] (the user's side).
+//! One file per stage of a timer's life, in the order data flows:
+//!
+//! | file | stage |
+//! |------|-------|
+//! | [`timer_engine`] | the [`Engine`]: start, submit, drive by hand, shutdown, statistics |
+//! | [`placement`] | which shard a thread schedules on; per-thread numbers |
+//! | [`handle`] | the user's [`TimerHandle`](handle::TimerHandle): cancel, reset, state |
+//! | [`shared`] | what other threads see of a shard: slot table, inbox, `send`, pending limit |
+//! | [`slot`] | the slot table: each timer's shared state word |
+//! | [`message`], [`inbox`] | getting to the owner |
+//! | [`owner`] | the shard's owner: entries, applying messages, expiry, one turn, shutdown |
+//! | [`reclaim`] | giving an idle shard's memory back |
+//! | [`worker`] | the owner's thread: turns and parking |
+//! | [`handoff`] | expired work on its way to the executor; unfired timers |
+//! | [`executor`] | where tasks run, and how user code is contained |
 
 pub(crate) mod executor;
 pub(crate) mod handle;
+pub(crate) mod handoff;
 pub(crate) mod inbox;
 pub(crate) mod message;
-pub(crate) mod shard;
+pub(crate) mod owner;
+pub(crate) mod placement;
+pub(crate) mod reclaim;
+pub(crate) mod shared;
 pub(crate) mod slot;
+pub(crate) mod timer_engine;
 pub(crate) mod worker;
 
-mod timer_engine;
-pub(crate) use timer_engine::{Drive, Engine};
+pub(crate) use timer_engine::{Engine, Settings};

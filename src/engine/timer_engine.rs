@@ -1,21 +1,39 @@
-//! [`Engine`]: the shards, their threads (or their manual driver), submission and shutdown.
+//! [`Engine`]: starting the shards and their threads (or their manual driver), submission,
+//! driving by hand, shutdown and statistics.
 
-use super::executor::Dispatch;
+use super::executor::{Dispatch, Executor, Pool, drop_uncounted};
 use super::handle::TimerHandle;
-use super::shard::{Handoff, PendingLimit, ShardCore, ShardShared, UnfiredTimer};
+use super::handoff::{self, Handoff, UnfiredTimer};
+use super::owner::{DRAIN_BATCH, OwnerHold, ShardOwner};
+use super::placement::Placement;
+use super::shared::{PendingLimit, ShardShared};
 use super::worker;
-use crate::clock::TickClock;
-use crate::error::ScheduleError;
+use crate::clock::{Clock, TickClock};
+use crate::error::{BuildError, ScheduleError};
 use crate::stats::{self, Stats};
-use crate::sync::{Arc, AtomicBool, Mutex, Ordering, lock, thread};
+use crate::sync::{Arc, AtomicBool, Mutex, MutexGuard, Ordering, lock, registry, thread};
 use crate::task::Task;
+use crate::wheel::MAX_LEVELS;
+use std::time::Duration;
 
-/// How the shards' cores are driven.
+/// How the shards' owners are driven.
 pub(crate) enum Drive {
-    /// Each core lives on its own worker thread (the default).
-    Threads(Mutex<Vec<thread::JoinHandle<Option<ShardCore>>>>),
-    /// No threads: a manual clock's `advance` drives each core in turn.
-    ByHand(Box<[Mutex<Option<ShardCore>>]>),
+    /// Each owner lives on its own worker thread (the default).
+    Threads(Mutex<Vec<thread::JoinHandle<Option<ShardOwner>>>>),
+    /// No threads: a manual clock's `advance` drives each owner in turn.
+    ByHand(Box<[Mutex<Option<ShardOwner>>]>),
+}
+
+/// What [`Engine::start`] builds (a [`Builder`](crate::Builder)'s options).
+pub(crate) struct Settings {
+    /// `None`: one per CPU this process may use.
+    pub(crate) shards: Option<usize>,
+    pub(crate) tick: Duration,
+    pub(crate) pin_threads: bool,
+    pub(crate) max_pending: Option<usize>,
+    pub(crate) levels: usize,
+    pub(crate) executor: Executor,
+    pub(crate) clock: Clock,
 }
 
 /// Everything a [`Timer`](crate::Timer) is: shared by its clones, its workers and its driver.
@@ -25,11 +43,8 @@ pub(crate) struct Engine {
     pub(crate) dispatch: Dispatch,
     pub(crate) limit: Option<Arc<PendingLimit>>,
     pub(crate) drive: Drive,
-    /// For each CPU, the shards whose threads are pinned to it (empty where none is, or
-    /// without pinning): a thread schedules on a shard of the CPU it runs on.
-    shards_by_cpu: Box<[Box<[usize]>]>,
-    /// Threads that took each shard as their home by CPU (never decremented: a placement hint).
-    homed: Box<[crate::sync::statistics::AtomicUsize]>,
+    /// Which shard each thread schedules on.
+    placement: Placement,
     closed: AtomicBool,
 }
 
@@ -43,57 +58,92 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(
-        shards: Box<[Arc<ShardShared>]>,
-        clock: TickClock,
-        dispatch: Dispatch,
-        limit: Option<Arc<PendingLimit>>,
-        drive: Drive,
-        shards_by_cpu: Box<[Box<[usize]>]>,
-    ) -> Engine {
-        let homed = (0..shards.len())
-            .map(|_| crate::sync::statistics::AtomicUsize::new(0))
+    /// Starts an engine: its shards, and their worker threads unless the clock is manual (then
+    /// the clock's `advance` calls [`drive`](Self::drive)).
+    pub(crate) fn start(settings: Settings) -> Result<Arc<Engine>, BuildError> {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        let shard_count = settings.shards.unwrap_or(cpus);
+        if shard_count == 0 {
+            return Err(BuildError::NoShards);
+        }
+        if settings.tick.is_zero() {
+            return Err(BuildError::ZeroTick);
+        }
+        if !(1..=MAX_LEVELS).contains(&settings.levels) {
+            return Err(BuildError::InvalidLevels {
+                levels: settings.levels,
+            });
+        }
+        let dispatch = if cfg!(loom) {
+            Dispatch::Inline
+        } else {
+            match settings.executor {
+                Executor::DefaultPool => Dispatch::Pool(registry::Arc::new(Pool::deferred(cpus))),
+                Executor::ThreadPool(pool) => Dispatch::Pool(registry::Arc::new(Pool::given(pool))),
+                Executor::Inline => Dispatch::Inline,
+            }
+        };
+        let clock = TickClock::new(settings.clock.clone(), settings.tick);
+        let limit = settings
+            .max_pending
+            .map(|max| Arc::new(PendingLimit::new(max)));
+        let shards: Box<[Arc<ShardShared>]> = (0..shard_count)
+            .map(|_| Arc::new(ShardShared::new(clock.clone(), limit.clone())))
             .collect();
-        Engine {
+        let owners: Vec<ShardOwner> = shards
+            .iter()
+            .map(|shard| ShardOwner::new(shard.clone(), settings.levels))
+            .collect();
+        let engine = |placement, drive| Engine {
             shards,
             clock,
-            dispatch,
+            dispatch: dispatch.clone(),
             limit,
             drive,
-            homed,
-            shards_by_cpu,
+            placement,
             closed: AtomicBool::new(false),
+        };
+
+        if settings.clock.is_manual() {
+            let drive = Drive::ByHand(
+                owners
+                    .into_iter()
+                    .map(|owner| Mutex::new(Some(owner)))
+                    .collect(),
+            );
+            return Ok(Arc::new(engine(Placement::new(shard_count, &[]), drive)));
         }
+
+        // Loom runs every thread on one OS thread: pinning would pin the model checker.
+        let core_ids = if settings.pin_threads && !cfg!(loom) {
+            core_affinity::get_core_ids().unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        let placement = Placement::new(shard_count, &core_ids);
+        let mut workers = Vec::with_capacity(shard_count);
+        let mut spawn_error = None;
+        for (ordinal, owner) in owners.into_iter().enumerate() {
+            let pin = (!core_ids.is_empty()).then(|| core_ids[ordinal % core_ids.len()]);
+            match worker::spawn(owner, dispatch.clone(), ordinal, pin) {
+                Ok(handle) => workers.push(handle),
+                Err(error) => {
+                    spawn_error = Some(error);
+                    break;
+                }
+            }
+        }
+        let engine = Arc::new(engine(placement, Drive::Threads(Mutex::new(workers))));
+        if let Some(error) = spawn_error {
+            drop(engine.shutdown());
+            return Err(BuildError::Spawn(error));
+        }
+        Ok(engine)
     }
 
-    /// This thread's home shard, chosen at its first schedule and kept.
-    ///
-    /// A shard pinned to the CPU the thread runs on then, where there is one: the messages and
-    /// the shard's entries stay in that core's caches (a submitter and its shard time-share the
-    /// core), which doubled cancel+schedule throughput on the 2-core development machine
-    /// compared with a round-robin shard on the other core. Kept, not chosen again at each
-    /// schedule: a thread's timers stay on one shard, so a thread that moves between CPUs does
-    /// not shift its timers from one shard's tables to another's (which grew memory). Among
-    /// several shards on one CPU, and where no CPU is known (no pinning, other systems, loom),
-    /// the thread's round-robin ordinal chooses; a shard's own worker uses its own shard.
+    /// This thread's home shard (see [`placement`](super::placement)).
     pub(crate) fn home_shard(&self) -> &Arc<ShardShared> {
-        let ordinal = worker::home_ordinal(|| {
-            let on_cpu = self.shards_by_cpu.get(current_cpu()?)?;
-            // The CPU's least-homed shard, unless another shard has fewer threads homed: new
-            // threads often first run on the CPU that spawned them.
-            let homed =
-                |shard: &usize| self.homed[*shard].load(std::sync::atomic::Ordering::Relaxed);
-            let local = on_cpu.iter().copied().min_by_key(homed)?;
-            let fewest = (0..self.shards.len()).min_by_key(homed)?;
-            let chosen = if homed(&local) <= homed(&fewest) {
-                local
-            } else {
-                fewest
-            };
-            self.homed[chosen].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Some(chosen)
-        });
-        &self.shards[ordinal % self.shards.len()]
+        &self.shards[self.placement.home()]
     }
 
     /// Schedules `task` at `deadline` (a tick) on this thread's home shard.
@@ -101,7 +151,7 @@ impl Engine {
         if self.closed.load(Ordering::Acquire) {
             return Err(ScheduleError::Shutdown);
         }
-        ShardShared::submit(self.home_shard(), deadline, task)
+        TimerHandle::submit(self.home_shard(), deadline, task)
     }
 
     /// Stops the engine: refuses new schedules, stops and joins the shard threads (except the
@@ -119,22 +169,22 @@ impl Engine {
             Drive::Threads(workers) => {
                 let workers = std::mem::take(&mut *lock(workers));
                 for (shard, worker) in self.shards.iter().zip(workers) {
-                    let core = match worker::take_parked_core(shard) {
+                    let owner = match worker::take_parked_owner(shard) {
                         // We are this shard's worker, inside user code: close it here; the
                         // thread ends when that code returns.
-                        Some(core) => Some(core),
+                        Some(owner) => Some(owner),
                         None => worker.join().ok().flatten(),
                     };
-                    if let Some(core) = core {
-                        unfired.extend(close(core));
+                    if let Some(owner) = owner {
+                        unfired.extend(close(owner));
                     }
                 }
             }
-            Drive::ByHand(cores) => {
-                for core in cores.iter() {
-                    let core = lock(core).take();
-                    if let Some(core) = core {
-                        unfired.extend(close(core));
+            Drive::ByHand(owners) => {
+                for owner in owners.iter() {
+                    let owner = lock(owner).take();
+                    if let Some(owner) = owner {
+                        unfired.extend(close(owner));
                     }
                 }
             }
@@ -147,36 +197,28 @@ impl Engine {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Manual clock: runs every shard until nothing is due by the clock's current time. Tasks
-    /// run (inline) or are handed to the pool outside the shard's lock.
+    /// Manual clock: runs every shard until nothing is due by the clock's current time, one
+    /// [`ShardOwner::turn`] at a time. Tasks run (inline) or are handed to the pool outside the
+    /// owner's lock.
     pub(crate) fn drive(&self) {
-        let Drive::ByHand(cores) = &self.drive else {
+        let Drive::ByHand(owners) = &self.drive else {
             return;
         };
         loop {
             let mut progressed = false;
-            for (shard, slot) in self.shards.iter().zip(cores.iter()) {
+            for (shard, owner) in self.shards.iter().zip(owners.iter()) {
                 let mut handoff = Handoff::default();
+                let mut hold = ByHandHold {
+                    owner,
+                    guard: None,
+                    shard,
+                    dispatch: &self.dispatch,
+                };
+                // Never spills: the tasks go out after the turn.
+                if let Some(turn) = ShardOwner::turn(&mut hold, &mut handoff, &self.dispatch, false)
                 {
-                    let mut guard = lock(slot);
-                    let Some(core) = guard.as_mut() else { continue };
-                    loop {
-                        let drained = core.drain_inbox(&mut handoff);
-                        shard.inbox.consumed(drained);
-                        if drained == 0 {
-                            break;
-                        }
-                    }
-                    let now = self.clock.now_tick();
-                    core.expire(now, &mut handoff, usize::MAX, |_| {});
-                    core.cascade_ahead();
-                    // Housekeeping as on a worker thread: an idle shard gives memory back
-                    // once the clock has moved past its release delay.
-                    core.release_idle_memory(now);
-                    core.flush_counters();
+                    progressed |= turn.ran || turn.drained == DRAIN_BATCH;
                 }
-                progressed |= handoff.ran_anything();
-                self.dispatch.hand_off(&mut handoff, shard);
             }
             if !progressed {
                 return;
@@ -204,33 +246,71 @@ impl Engine {
     }
 }
 
-/// Closes a shard's core for shutdown ([`ShardCore::close`]). The core of a failed shard
+/// The manual clock's hold on an owner: its lock, taken for the turn and let go of while the
+/// turn's tasks run (so that they may shut the engine down).
+struct ByHandHold<'a> {
+    owner: &'a Mutex<Option<ShardOwner>>,
+    guard: Option<MutexGuard<'a, Option<ShardOwner>>>,
+    shard: &'a Arc<ShardShared>,
+    dispatch: &'a Dispatch,
+}
+
+impl OwnerHold for ByHandHold<'_> {
+    fn owner(&mut self) -> Option<&mut ShardOwner> {
+        let owner = self.owner;
+        self.guard.get_or_insert_with(|| lock(owner)).as_mut()
+    }
+
+    fn hand_off(&mut self, handoff: &mut Handoff) {
+        self.guard = None;
+        handoff::hand_off(self.dispatch, handoff, self.shard);
+    }
+}
+
+/// Closes a shard's owner for shutdown ([`ShardOwner::close`]). The owner of a failed shard
 /// (whose thread died of an engine bug, maybe mid-change) is closed under a guard: if that
 /// fails too, its timers are lost, but not silently (`Stats::failed_shards`), and the tasks it
-/// held are dropped contained (`ShardCore`'s `Drop`).
-fn close(core: ShardCore) -> Vec<super::shard::UnfiredTimer> {
-    if !core.shared.has_failed() {
-        return core.close();
+/// held are dropped contained (`ShardOwner`'s `Drop`).
+fn close(owner: ShardOwner) -> Vec<UnfiredTimer> {
+    if !owner.shared.has_failed() {
+        return owner.close();
     }
     use std::panic::{AssertUnwindSafe, catch_unwind};
-    match catch_unwind(AssertUnwindSafe(|| core.close())) {
+    match catch_unwind(AssertUnwindSafe(|| owner.close())) {
         Ok(unfired) => unfired,
         Err(payload) => {
-            super::executor::drop_uncounted(payload);
+            drop_uncounted(payload);
             Vec::new()
         }
     }
 }
 
-/// The CPU this thread runs on now (it may move at any time: only a placement hint).
-#[cfg(all(target_os = "linux", not(loom)))]
-fn current_cpu() -> Option<usize> {
-    // SAFETY: `sched_getcpu` has no preconditions; it returns -1 on error.
-    usize::try_from(unsafe { libc::sched_getcpu() }).ok()
-}
+#[cfg(test)]
+mod tests {
+    use crate::{Clock, Executor, Timer};
+    use std::sync::mpsc;
+    use std::time::Duration;
 
-/// The CPU this thread runs on: not known on this system (or under loom).
-#[cfg(not(all(target_os = "linux", not(loom))))]
-fn current_cpu() -> Option<usize> {
-    None
+    /// Under a manual clock, a task run inline by `advance` may shut the engine down: the turn
+    /// lets go of the owner's lock while its tasks run, and the shutdown returns the shard's
+    /// other timers.
+    #[test]
+    fn manual_clock_task_may_shut_the_engine_down() -> Result<(), Box<dyn std::error::Error>> {
+        let clock = Clock::manual();
+        let timer = Timer::builder()
+            .shards(1)
+            .clock(clock.clone())
+            .executor(Executor::Inline)
+            .build()?;
+        let (sender, receiver) = mpsc::channel();
+        let inside = timer.clone();
+        timer.schedule(Duration::from_millis(1), move || {
+            sender.send(inside.shutdown().len()).unwrap();
+        })?;
+        timer.schedule(Duration::from_secs(60), || {})?;
+        clock.advance(Duration::from_millis(5));
+        assert_eq!(receiver.try_recv()?, 1, "the other timer is returned");
+        assert!(timer.is_shut_down());
+        Ok(())
+    }
 }

@@ -1,116 +1,109 @@
-//! A shard's worker thread: drain the inbox, advance the wheel, hand off, sleep until the next
-//! deadline or until woken.
+//! A shard's worker thread: one [`ShardOwner::turn`] after another, and in between, sleeping
+//! until the next deadline or until a message wakes it.
 
 use super::executor::Dispatch;
+use super::handoff::{self, Handoff};
 use super::inbox::{DRAIN_INTERVAL, ParkOutcome};
-use super::shard::{DRAIN_BATCH, Handoff, ShardCore, ShardShared};
+use super::owner::{DRAIN_BATCH, OwnerHold, ShardOwner};
+use super::placement;
+use super::shared::ShardShared;
 use crate::sync::{Arc, thread, thread_local};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 
 #[cfg(not(loom))]
 thread_local! {
-    /// While a worker thread runs user code (inline tasks, task drops), its core waits here,
+    /// While a worker thread runs user code (inline tasks, task drops), its owner waits here,
     /// so that a `shutdown()` called from that user code can take and close it.
-    static PARKED_CORE: RefCell<Option<ShardCore>> = const { RefCell::new(None) };
-    /// This thread's home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
-    static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
-    /// This thread's stripe of striped counters; `usize::MAX` = unset.
-    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+    static PARKED_OWNER: RefCell<Option<ShardOwner>> = const { RefCell::new(None) };
 }
 
 // Loom's thread-locals take no `const` initializers.
 #[cfg(loom)]
 thread_local! {
-    static PARKED_CORE: RefCell<Option<ShardCore>> = RefCell::new(None);
-    static HOME: Cell<usize> = Cell::new(usize::MAX);
-    static STRIPE: Cell<usize> = Cell::new(usize::MAX);
+    static PARKED_OWNER: RefCell<Option<ShardOwner>> = RefCell::new(None);
 }
 
-/// The ordinal this thread submits to (modulo the shard count), chosen at its first schedule
-/// and kept: worker threads use their own shard; other threads take `first()` (a shard of the
-/// CPU they run on, where known), else are spread round-robin in the order they first schedule.
-pub(crate) fn home_ordinal(first: impl FnOnce() -> Option<usize>) -> usize {
-    static NEXT: crate::sync::statistics::AtomicUsize =
-        crate::sync::statistics::AtomicUsize::new(0);
-    HOME.with(|home| {
-        if home.get() == usize::MAX
-            && let Some(ordinal) = first()
-        {
-            home.set(ordinal);
-        }
-        numbered(home, &NEXT)
-    })
+/// Starts shard `ordinal`'s worker thread, pinned to `pin` if given; it returns the owner
+/// when it ends ([`run`]).
+pub(crate) fn spawn(
+    owner: ShardOwner,
+    dispatch: Dispatch,
+    ordinal: usize,
+    pin: Option<core_affinity::CoreId>,
+) -> std::io::Result<thread::JoinHandle<Option<ShardOwner>>> {
+    let run = move || run(owner, dispatch, ordinal, pin);
+    #[cfg(not(loom))]
+    return thread::Builder::new()
+        .name(format!("shardwheel-shard-{ordinal}"))
+        .spawn(run);
+    #[cfg(loom)]
+    return Ok(thread::spawn(run));
 }
 
-/// The number in `cell`, or, the first time (`usize::MAX`), the next one of `next`.
-fn numbered(cell: &Cell<usize>, next: &crate::sync::statistics::AtomicUsize) -> usize {
-    let value = cell.get();
-    if value != usize::MAX {
-        return value;
-    }
-    let value = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    cell.set(value);
-    value
-}
-
-/// A number that differs between threads, for striped counters. Not the home ordinal: taking
-/// one would pick a home shard for a thread that only resets timers.
-pub(crate) fn counter_stripe() -> usize {
-    static NEXT: crate::sync::statistics::AtomicUsize =
-        crate::sync::statistics::AtomicUsize::new(0);
-    STRIPE.with(|stripe| numbered(stripe, &NEXT))
-}
-
-/// Takes the core of `shard` if this thread is its worker and is running user code.
-pub(crate) fn take_parked_core(shard: &Arc<ShardShared>) -> Option<ShardCore> {
-    PARKED_CORE.with(|parked| {
+/// Takes the owner of `shard` if this thread is its worker and is running user code.
+pub(crate) fn take_parked_owner(shard: &Arc<ShardShared>) -> Option<ShardOwner> {
+    PARKED_OWNER.with(|parked| {
         let mut parked = parked.borrow_mut();
         match parked.as_ref() {
-            Some(core) if Arc::ptr_eq(&core.shared, shard) => parked.take(),
+            Some(owner) if Arc::ptr_eq(&owner.shared, shard) => parked.take(),
             _ => None,
         }
     })
 }
 
-/// Runs and drops a turn's tasks with the core parked in [`PARKED_CORE`]. Returns the core,
-/// or `None` if user code shut the engine down and closed it meanwhile.
-pub(crate) fn hand_off(
-    core: ShardCore,
-    handoff: &mut Handoff,
-    dispatch: &Dispatch,
-) -> Option<ShardCore> {
-    let shared = core.shared.clone();
+/// Runs and drops a turn's tasks with the owner parked in [`PARKED_OWNER`]. Returns the
+/// owner, or `None` if user code shut the engine down and closed it meanwhile.
+fn hand_off(owner: ShardOwner, handoff: &mut Handoff, dispatch: &Dispatch) -> Option<ShardOwner> {
+    let shared = owner.shared.clone();
     if let Dispatch::Pool(_) = dispatch
         && handoff.inline.is_empty()
         && handoff.dropped.is_empty()
     {
-        // Nothing runs on this thread: no need to park the core.
-        dispatch.hand_off(handoff, &shared);
-        return Some(core);
+        // Nothing runs on this thread: no need to park the owner.
+        handoff::hand_off(dispatch, handoff, &shared);
+        return Some(owner);
     }
-    PARKED_CORE.with(|parked| *parked.borrow_mut() = Some(core));
-    dispatch.hand_off(handoff, &shared);
-    PARKED_CORE.with(|parked| parked.borrow_mut().take())
+    PARKED_OWNER.with(|parked| *parked.borrow_mut() = Some(owner));
+    handoff::hand_off(dispatch, handoff, &shared);
+    PARKED_OWNER.with(|parked| parked.borrow_mut().take())
 }
 
-/// The worker loop. Returns the core when the inbox is closed, for shutdown to close it; `None`
-/// if shutdown already took it (from user code running on this thread).
+/// The worker's hold on its owner: in `slot`, or parked in [`PARKED_OWNER`] during a hand-off.
+struct WorkerHold<'a> {
+    slot: &'a mut Option<ShardOwner>,
+    dispatch: &'a Dispatch,
+}
+
+impl OwnerHold for WorkerHold<'_> {
+    fn owner(&mut self) -> Option<&mut ShardOwner> {
+        self.slot.as_mut()
+    }
+
+    fn hand_off(&mut self, handoff: &mut Handoff) {
+        if let Some(taken) = self.slot.take() {
+            *self.slot = hand_off(taken, handoff, self.dispatch);
+        }
+    }
+}
+
+/// The worker loop. Returns the owner when the inbox is closed, for shutdown to close it;
+/// `None` if shutdown already took it (from user code running on this thread).
 ///
 /// User code cannot make this thread panic ([`contain`](super::executor::contain) catches
 /// it), but an engine bug could: then the shard is marked failed and its inbox closed
 /// ([`ShardShared::fail`]), so that schedules routed to it fail with
 /// `ScheduleError::ShardFailed` and `Stats` reports it; the turn's collected tasks are still
-/// handed off (fired timers run), and the core is returned, so that `shutdown` returns the
+/// handed off (fired timers run), and the owner is returned, so that `shutdown` returns the
 /// timers it still holds. No timer is silently lost.
-pub(crate) fn run(
-    core: ShardCore,
+fn run(
+    owner: ShardOwner,
     dispatch: Dispatch,
     ordinal: usize,
     pin: Option<core_affinity::CoreId>,
-) -> Option<ShardCore> {
-    let shared = core.shared.clone();
+) -> Option<ShardOwner> {
+    let shared = owner.shared.clone();
     shared.inbox.register_current_thread();
-    HOME.with(|home| home.set(ordinal));
+    placement::set_home(ordinal);
     if let Some(core_id) = pin {
         let pinned = core_affinity::set_for_current(core_id);
         shared
@@ -118,43 +111,43 @@ pub(crate) fn run(
             .pinned
             .store(pinned, std::sync::atomic::Ordering::Relaxed);
     }
-    let mut core = Some(core);
+    let mut owner = Some(owner);
     let mut handoff = Handoff::default();
     // Under loom a panic is the model checker's own report: let it through.
     #[cfg(loom)]
-    turns(&mut core, &mut handoff, &dispatch);
+    turns(&mut owner, &mut handoff, &dispatch);
     #[cfg(not(loom))]
     {
         use std::panic::{AssertUnwindSafe, catch_unwind};
         let outcome = catch_unwind(AssertUnwindSafe(|| {
-            turns(&mut core, &mut handoff, &dispatch);
+            turns(&mut owner, &mut handoff, &dispatch);
         }));
         if let Err(payload) = outcome {
             super::executor::drop_uncounted(payload);
             shared.fail();
-            // Mid-hand-off, the core waits in PARKED_CORE (unless shutdown took it).
-            let parked = core.take().or_else(|| take_parked_core(&shared));
-            core = match parked {
+            // Mid-hand-off, the owner waits in PARKED_OWNER (unless shutdown took it).
+            let parked = owner.take().or_else(|| take_parked_owner(&shared));
+            owner = match parked {
                 Some(parked) => hand_off(parked, &mut handoff, &dispatch),
                 None => {
-                    dispatch.hand_off(&mut handoff, &shared);
+                    handoff::hand_off(&dispatch, &mut handoff, &shared);
                     None
                 }
             };
         }
     }
-    core
+    owner
 }
 
-/// The shard's turns, until its inbox closes (the core is left in `slot`) or shutdown takes
-/// the core from user code running on this thread (`slot` is left empty). The core stays in
-/// `slot` (or parked in [`PARKED_CORE`] during a hand-off) so that [`run`] finds it after a
-/// panic.
-fn turns(slot: &mut Option<ShardCore>, handoff: &mut Handoff, dispatch: &Dispatch) {
-    let Some(core) = slot.as_ref() else {
+/// The shard's turns ([`ShardOwner::turn`]) and, between them, parking until the next work,
+/// until its inbox closes (the owner is left in `slot`) or shutdown takes the owner from user
+/// code running on this thread (`slot` is left empty). The owner stays in `slot` (or parked
+/// in [`PARKED_OWNER`] during a hand-off) so that [`run`] finds it after a panic.
+fn turns(slot: &mut Option<ShardOwner>, handoff: &mut Handoff, dispatch: &Dispatch) {
+    let Some(owner) = slot.as_ref() else {
         return;
     };
-    let shared = core.shared.clone();
+    let shared = owner.shared.clone();
     let clock = &shared.clock;
     let drain_ticks = clock.ticks_in(DRAIN_INTERVAL);
     let mut active = false;
@@ -166,34 +159,25 @@ fn turns(slot: &mut Option<ShardCore>, handoff: &mut Handoff, dispatch: &Dispatc
         {
             panic!("shard thread killed on purpose by the test fault hook");
         }
-        let Some(core) = slot.as_mut() else {
+        let mut hold = WorkerHold {
+            slot: &mut *slot,
+            dispatch,
+        };
+        let Some(turn) = ShardOwner::turn(&mut hold, handoff, dispatch, true) else {
             return;
         };
-        let drained = core.drain_inbox(handoff);
-        shared.inbox.consumed(drained);
+        let Some(owner) = slot.as_mut() else {
+            return;
+        };
+        let (drained, now) = (turn.drained, turn.now);
         active |= drained > 0;
-        core.expire(clock.now_tick(), handoff, dispatch.spill_every(), |tasks| {
-            dispatch.spill(tasks, &shared)
-        });
-        core.flush_counters();
-        if !handoff.is_empty() {
-            let Some(taken) = slot.take() else { return };
-            *slot = hand_off(taken, handoff, dispatch);
-        }
-        let Some(core) = slot.as_mut() else {
-            return;
-        };
-        // Housekeeping after the hand-off, so that expired tasks never wait for it.
-        core.cascade_ahead();
-        let now = clock.now_tick();
-        core.release_idle_memory(now);
         if shared.inbox.is_closed() {
             return;
         }
         if drained == DRAIN_BATCH {
             continue;
         }
-        let next = core.next_work().unwrap_or(u64::MAX);
+        let next = owner.next_work().unwrap_or(u64::MAX);
         if next <= now {
             continue;
         }

@@ -2,7 +2,7 @@
 //!
 //! [`Wheel`] is a supported standalone API, under the same semver promise as [`Timer`](crate::Timer):
 //! use it directly where one thread owns its timers and passes time in as ticks (an event loop,
-//! a simulation). The engine's shards run the same core with their own storage; the property
+//! a simulation). The engine's shards run the same raw wheel with their own storage; the property
 //! tests (`tests/wheel_model.rs`, `tests/wheel_big.rs`) and `benches/wheel.rs` exercise this
 //! public API.
 //!
@@ -75,10 +75,10 @@
 //!
 //! A wheel is plain data owned by one thread (`&mut self` everywhere): no locks, no atomics.
 
-pub(crate) mod core;
+pub(crate) mod raw;
 
-pub use self::core::{DEFAULT_LEVELS, MAX_LEVELS, SLOTS_PER_LEVEL};
-use self::core::{LinkStore, Links, MAX_INDEX, WheelCore};
+pub use self::raw::{DEFAULT_LEVELS, MAX_LEVELS, SLOTS_PER_LEVEL};
+use self::raw::{LinkStore, Links, MAX_INDEX, RawWheel};
 
 use std::fmt;
 
@@ -176,7 +176,7 @@ impl<T> Slab<T> {
 /// # }
 /// ```
 pub struct Wheel<T> {
-    core: WheelCore,
+    raw: RawWheel,
     slab: Slab<T>,
 }
 
@@ -189,9 +189,9 @@ impl<T> Default for Wheel<T> {
 impl<T> fmt::Debug for Wheel<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Wheel")
-            .field("elapsed", &self.core.elapsed())
-            .field("len", &self.core.len())
-            .field("next_expiration", &self.core.next_expiration())
+            .field("elapsed", &self.raw.elapsed())
+            .field("len", &self.raw.len())
+            .field("next_expiration", &self.raw.next_expiration())
             .finish()
     }
 }
@@ -200,7 +200,7 @@ impl<T> Wheel<T> {
     /// An empty wheel with [`DEFAULT_LEVELS`] levels, at tick 0.
     pub fn new() -> Wheel<T> {
         Wheel {
-            core: WheelCore::new(DEFAULT_LEVELS),
+            raw: RawWheel::new(DEFAULT_LEVELS),
             slab: Slab {
                 entries: Vec::new(),
                 free_head: Links::END,
@@ -215,7 +215,7 @@ impl<T> Wheel<T> {
             return Err(WheelError::InvalidLevels { levels });
         }
         Ok(Wheel {
-            core: WheelCore::new(levels),
+            raw: RawWheel::new(levels),
             slab: Slab {
                 entries: Vec::new(),
                 free_head: Links::END,
@@ -225,17 +225,17 @@ impl<T> Wheel<T> {
 
     /// The current tick: every deadline before it has been handed out.
     pub fn elapsed(&self) -> u64 {
-        self.core.elapsed()
+        self.raw.elapsed()
     }
 
     /// How many entries are stored.
     pub fn len(&self) -> usize {
-        self.core.len()
+        self.raw.len()
     }
 
     /// Whether no entry is stored.
     pub fn is_empty(&self) -> bool {
-        self.core.len() == 0
+        self.raw.len() == 0
     }
 
     /// Stores `value` to expire at tick `deadline`, in O(1). A deadline at or before the
@@ -259,9 +259,9 @@ impl<T> Wheel<T> {
             });
             index as u32
         };
-        let deadline = deadline.max(self.core.elapsed());
+        let deadline = deadline.max(self.raw.elapsed());
         self.slab.entries[index as usize].deadline = deadline;
-        self.core.insert(&mut self.slab, index, deadline);
+        self.raw.insert(&mut self.slab, index, deadline);
         Ok(EntryKey {
             index,
             generation: self.slab.entries[index as usize].generation,
@@ -281,7 +281,7 @@ impl<T> Wheel<T> {
         if !self.live(key) {
             return None;
         }
-        let removed = self.core.remove(&mut self.slab, key.index);
+        let removed = self.raw.remove(&mut self.slab, key.index);
         debug_assert!(removed, "live entry {key:?} was not linked");
         Some(self.slab.release(key.index).1)
     }
@@ -295,7 +295,7 @@ impl<T> Wheel<T> {
     /// The tick at which the wheel next has work (an entry expires, or moves down a level): the
     /// owner may sleep until then. `None` when empty. O(levels).
     pub fn next_expiration(&self) -> Option<u64> {
-        self.core.next_expiration()
+        self.raw.next_expiration()
     }
 
     /// Moves the wheel to tick `now`, handing every entry with a deadline at or before `now` to
@@ -303,7 +303,7 @@ impl<T> Wheel<T> {
     /// Costs O(levels + entries expired or moved down), whatever the jump. A `now` before the
     /// current tick does not move time back.
     pub fn advance_to(&mut self, now: u64, mut on_expired: impl FnMut(EntryKey, T)) -> usize {
-        self.core
+        self.raw
             .advance_to(&mut self.slab, now, |slab, index, _due| {
                 let (key, value) = slab.release(index);
                 on_expired(key, value);
@@ -313,7 +313,7 @@ impl<T> Wheel<T> {
 
     /// Removes every entry, handing each to `on_removed` (any order).
     pub fn drain(&mut self, mut on_removed: impl FnMut(EntryKey, T)) {
-        self.core.drain(&mut self.slab, |slab, index| {
+        self.raw.drain(&mut self.slab, |slab, index| {
             let (key, value) = slab.release(index);
             on_removed(key, value);
         });

@@ -5,7 +5,7 @@
 //!
 //! Most tests store each entry's deadline as its value, so a fired value says when it was due.
 
-use super::core::{LinkStore, Links, WheelCore};
+use super::raw::{LinkStore, Links, RawWheel};
 use super::*;
 
 use std::collections::BTreeMap;
@@ -1127,7 +1127,7 @@ fn next_expiration_never_after_the_earliest_deadline() {
 }
 
 // ----------------------------------------------------------------------------------------
-// The core over a caller's store
+// The raw wheel over a caller's store
 // ----------------------------------------------------------------------------------------
 
 /// Links plus deadlines: deadlines may move later while entries are stored.
@@ -1146,21 +1146,21 @@ impl LinkStore for VecStore {
 }
 
 #[test]
-fn core_over_a_caller_store() {
+fn raw_wheel_over_a_caller_store() {
     let mut store = VecStore(vec![Links::UNLINKED; 8], vec![0; 8]);
-    let mut core = WheelCore::new(2);
+    let mut raw = RawWheel::new(2);
     for (index, deadline) in [(0, 3), (1, 3), (2, 70), (3, 5000), (4, u64::MAX)] {
         store.1[index as usize] = deadline;
-        core.insert(&mut store, index, deadline);
+        raw.insert(&mut store, index, deadline);
         assert!(store.links(index).is_linked());
     }
-    assert_eq!(core.len(), 5);
-    assert!(core.remove(&mut store, 1));
-    assert!(!core.remove(&mut store, 1), "removed twice");
-    assert!(!core.remove(&mut store, 7), "never inserted");
+    assert_eq!(raw.len(), 5);
+    assert!(raw.remove(&mut store, 1));
+    assert!(!raw.remove(&mut store, 1), "removed twice");
+    assert!(!raw.remove(&mut store, 7), "never inserted");
     assert!(!store.links(1).is_linked());
     let mut fired = Vec::new();
-    let count = core.advance_to(&mut store, 5000, |store, index, due| {
+    let count = raw.advance_to(&mut store, 5000, |store, index, due| {
         assert!(
             !store.links(index).is_linked(),
             "entry still linked in its callback"
@@ -1170,12 +1170,12 @@ fn core_over_a_caller_store() {
         None
     });
     assert_eq!((count, fired), (3, vec![0, 2, 3]));
-    assert_eq!(core.elapsed(), 5000);
-    assert_eq!(core.len(), 1);
+    assert_eq!(raw.elapsed(), 5000);
+    assert_eq!(raw.len(), 1);
     let mut drained = Vec::new();
-    core.drain(&mut store, |_, index| drained.push(index));
+    raw.drain(&mut store, |_, index| drained.push(index));
     assert_eq!(drained, [4]);
-    assert_eq!(core.len(), 0);
+    assert_eq!(raw.len(), 0);
     assert!(!store.links(4).is_linked());
 }
 
@@ -1251,10 +1251,10 @@ fn a_crowded_window_is_moved_down_before_it_is_due() {
     for now in 65..128 {
         advance_quiet(&mut wheel, now);
     }
-    let core = &wheel.core;
-    assert_eq!(core.next_expiration(), Some(128));
+    let raw = &wheel.raw;
+    assert_eq!(raw.next_expiration(), Some(128));
     assert_eq!(
-        core.complete_through(),
+        raw.complete_through(),
         191,
         "the window was not cascaded ahead of time"
     );
@@ -1270,17 +1270,17 @@ fn deadlines_moved_later_in_place_are_honoured() {
         vec![Links::UNLINKED; count as usize],
         vec![0; count as usize],
     );
-    let mut core = WheelCore::new(3);
+    let mut raw = RawWheel::new(3);
     let mut rng = 7u64;
     for index in 0..count {
         let deadline = 1 + xorshift(&mut rng) % 300;
         store.1[index as usize] = deadline;
-        core.insert(&mut store, index, deadline);
+        raw.insert(&mut store, index, deadline);
     }
     let mut fired = vec![None; count as usize];
     let mut retried = vec![false; count as usize];
     for now in 1..3_000u64 {
-        core.advance_to(&mut store, now, |store, index, due| {
+        raw.advance_to(&mut store, now, |store, index, due| {
             assert!(store.deadline(index) <= due, "entry {index} fired early");
             assert!(fired[index as usize].is_none(), "entry {index} fired twice");
             // Now and then, ask to look again a little later (a reset in progress).
@@ -1311,5 +1311,5 @@ fn deadlines_moved_later_in_place_are_honoured() {
             assert_eq!(fired, deadline, "entry {index} fired off its deadline");
         }
     }
-    assert_eq!(core.len(), 0);
+    assert_eq!(raw.len(), 0);
 }

@@ -130,7 +130,7 @@ use pages::{PAGES, Pages, locate};
 use word::*;
 
 /// The most slots a table hands out (indices must also fit the wheel's `u32` links).
-pub(crate) const MAX_SLOTS: u64 = crate::wheel::core::MAX_INDEX as u64 + 1;
+pub(crate) const MAX_SLOTS: u64 = crate::wheel::raw::MAX_INDEX as u64 + 1;
 
 /// `next_fresh`, bits 0-39: slots handed out fresh since the table was made or last reclaimed.
 /// It may count past [`MAX_SLOTS`] (failed allocations do not undo their increment), by at most

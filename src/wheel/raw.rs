@@ -1,6 +1,6 @@
 //! The geometry and list surgery of the hierarchical wheel, independent of where entries live.
 //!
-//! [`WheelCore`] owns the list heads (the near ring, the far levels, the overflow list and the
+//! [`RawWheel`] owns the list heads (the near ring, the far levels, the overflow list and the
 //! list being cascaded), their occupancy bitmaps and the two cursors. The entries themselves live
 //! in a caller-owned store that implements [`LinkStore`]: the standalone [`Wheel`](super::Wheel)
 //! keeps them in a slab, the engine's shard keeps them beside each timer's task. Each entry
@@ -48,7 +48,7 @@ const IN_RING: u32 = FIRST_OF;
 pub(crate) const MAX_INDEX: u32 = FIRST_OF - 1;
 
 /// Entries an `advance_to` moves ahead of time when a whole window is left before they are
-/// needed; the budget grows as that time runs out (see [`WheelCore::cascade_ahead`]).
+/// needed; the budget grows as that time runs out (see [`RawWheel::cascade_ahead`]).
 const CASCADE_BUDGET: u64 = 512;
 /// How many entries ahead of use expiry asks the store to prefetch.
 const PREFETCH_AHEAD: usize = 8;
@@ -166,7 +166,7 @@ fn window_start(tick: u64) -> u64 {
 /// while a cascade is under way, entries of `far_elapsed`'s own window still in the cascading
 /// list.
 #[derive(Clone)]
-pub(crate) struct WheelCore {
+pub(crate) struct RawWheel {
     /// The fire cursor: every tick before it has been processed.
     elapsed: u64,
     /// The far cursor: a window start, `elapsed`'s or the next one.
@@ -189,14 +189,14 @@ pub(crate) struct WheelCore {
     len: usize,
 }
 
-impl WheelCore {
+impl RawWheel {
     /// A wheel with `levels` levels (1..=MAX_LEVELS, checked by the caller) at tick 0.
-    pub(crate) fn new(levels: usize) -> WheelCore {
+    pub(crate) fn new(levels: usize) -> RawWheel {
         debug_assert!(
             (1..=MAX_LEVELS).contains(&levels),
             "bad level count {levels}"
         );
-        WheelCore {
+        RawWheel {
             elapsed: 0,
             far_elapsed: 0,
             levels,
@@ -630,7 +630,7 @@ impl WheelCore {
 
     /// Gives back the near ring's spare room (its arrays keep their largest size otherwise,
     /// a few megabytes after a storm). Call when idle; the next entries grow them again.
-    pub(crate) fn release_memory(&mut self) {
+    pub(crate) fn reclaim_memory(&mut self) {
         for slot in self.near.iter_mut() {
             if slot.is_empty() {
                 *slot = Vec::new();

@@ -1,0 +1,592 @@
+//! A shard's owner ([`ShardOwner`]): the state only one thread touches at a time (its worker
+//! thread, or whoever drives it by hand): the raw wheel, the entries holding each timer's task,
+//! local counters. It applies messages, expires timers and closes the shard at shutdown; one
+//! [`turn`](ShardOwner::turn) strings the steps together for both drivers.
+
+use super::executor::{Dispatch, drop_contained};
+use super::handoff::{self, Handoff, RepeatingRun, UnfiredTimer};
+use super::message::Message;
+use super::reclaim::{IdleReclaim, KEPT_ENTRIES};
+use super::shared::ShardShared;
+use super::slot::{FireOutcome, RunEnd, Slot, SlotTable};
+use crate::stats::LocalLateness;
+use crate::sync::Arc;
+use crate::task::Task;
+use crate::wheel::raw::{LinkStore, Links, RawWheel};
+
+/// Messages drained per turn before the shard looks at the wheel again, so a flood of
+/// submissions cannot delay expiry.
+pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
+
+/// The owner's record of one timer, under the same index as its slot.
+struct Entry {
+    links: Links,
+    task: Option<Task>,
+}
+
+const VACANT: Entry = Entry {
+    links: Links::UNLINKED,
+    task: None,
+};
+
+/// The owner's table of entries, indexed like the slot table.
+struct Entries(Vec<Entry>);
+
+/// What the wheel works on: the owner's entries (links) and the slots (deadlines).
+struct Store<'a> {
+    entries: &'a mut Vec<Entry>,
+    slots: &'a SlotTable,
+}
+
+impl<'a> Store<'a> {
+    fn new(entries: &'a mut Vec<Entry>, slots: &'a SlotTable) -> Store<'a> {
+        Store { entries, slots }
+    }
+}
+
+impl LinkStore for Store<'_> {
+    #[inline]
+    fn prefetch(&self, index: u32) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(entry) = self.entries.get(index as usize) {
+            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+            let slot = self.slots.slot(index);
+            // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists; a
+            // prefetch only hints the cache and never faults, and both addresses are live.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>((entry as *const Entry).cast::<i8>());
+                _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot).cast::<i8>());
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = index;
+    }
+    fn links(&self, index: u32) -> &Links {
+        &self.entries[index as usize].links
+    }
+    fn links_mut(&mut self, index: u32) -> &mut Links {
+        &mut self.entries[index as usize].links
+    }
+    fn deadline(&self, index: u32) -> u64 {
+        self.slots.deadline(index)
+    }
+}
+
+/// Where a shard's owner is kept while it turns, and how it is let go of while user code
+/// runs: by its worker thread (`worker.rs`) or by the manual clock's driver (`Engine::drive`).
+pub(crate) trait OwnerHold {
+    /// The owner, unless shutdown took it.
+    fn owner(&mut self) -> Option<&mut ShardOwner>;
+    /// Hands out `handoff` (user code runs) with the owner let go of, so that user code may shut
+    /// the engine down and close it; takes it back afterwards if it is still there.
+    fn hand_off(&mut self, handoff: &mut Handoff);
+}
+
+/// What one [`ShardOwner::turn`] did.
+pub(crate) struct Turn {
+    /// Messages applied.
+    pub(crate) drained: usize,
+    /// Whether any task was handed out to run.
+    pub(crate) ran: bool,
+    /// The clock's tick at the end of the turn.
+    pub(crate) now: u64,
+}
+
+/// Owner-only state of a shard: touched by exactly one thread at a time (its worker thread, or
+/// whoever drives it by hand), so no locks or atomics inside.
+pub(crate) struct ShardOwner {
+    pub(crate) shared: Arc<ShardShared>,
+    wheel: RawWheel,
+    entries: Entries,
+    /// Entries holding a timer (its task, or the place of a repeating task out running).
+    live: usize,
+    /// When to give idle memory back.
+    reclaim: IdleReclaim,
+    fired: u64,
+    reset: u64,
+    lateness: LocalLateness,
+}
+
+impl ShardOwner {
+    pub(crate) fn new(shared: Arc<ShardShared>, levels: usize) -> ShardOwner {
+        ShardOwner {
+            shared,
+            wheel: RawWheel::new(levels),
+            entries: Entries(Vec::new()),
+            live: 0,
+            reclaim: IdleReclaim::new(),
+            fired: 0,
+            reset: 0,
+            lateness: LocalLateness::new(),
+        }
+    }
+
+    /// Applies up to [`DRAIN_BATCH`] messages; returns how many there were.
+    pub(crate) fn drain_inbox(&mut self, handoff: &mut Handoff) -> usize {
+        let shared = self.shared.clone();
+        let mut drained = 0;
+        while drained < DRAIN_BATCH {
+            let Some(message) = shared.inbox.pop() else {
+                break;
+            };
+            drained += 1;
+            self.apply(message, handoff);
+        }
+        drained
+    }
+
+    fn apply(&mut self, message: Message, handoff: &mut Handoff) {
+        match message {
+            Message::Schedule {
+                index,
+                deadline,
+                task,
+            } => {
+                let slot = self.ensure_entry(index);
+                let entry = &mut self.entries.0[slot];
+                debug_assert!(
+                    entry.task.is_none() && !entry.links.is_linked(),
+                    "slot {index} scheduled while occupied"
+                );
+                entry.task = Some(task);
+                self.live += 1;
+                let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                self.wheel.insert(&mut store, index, deadline);
+            }
+            Message::Cancel { index, generation } => {
+                // Checked against the slot as it is now: a repeating timer cancelled during a
+                // run may have been ended by its `Rearm` already, and the entry table given
+                // back since (see "Who counts a timer's end" in `slot.rs`).
+                if !self.shared.slots.cancel_awaits_let_go(index, generation) {
+                    return;
+                }
+                let has_task = self
+                    .entries
+                    .0
+                    .get(index as usize)
+                    .is_some_and(|entry| entry.task.is_some());
+                debug_assert!(has_task, "cancelled slot {index} held without its task");
+                if !has_task {
+                    return;
+                }
+                let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                self.wheel.remove(&mut store, index);
+                if let Some(task) = self.entries.0[index as usize].task.take() {
+                    self.live -= 1;
+                    handoff.dropped.push(task);
+                    self.shared.slots.let_go(index);
+                }
+            }
+            Message::Relocate { index, generation } => {
+                let slots = &self.shared.slots;
+                let linked = self
+                    .entries
+                    .0
+                    .get(index as usize)
+                    .is_some_and(|entry| entry.links.is_linked());
+                if linked && slots.is_pending(index, generation) {
+                    let deadline = slots.deadline(index);
+                    let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                    self.wheel.remove(&mut store, index);
+                    self.wheel.insert(&mut store, index, deadline);
+                }
+            }
+            Message::Reset {
+                index,
+                generation,
+                deadline,
+            } => {
+                if self.shared.slots.reset_applied(index, generation) == Some(true) {
+                    self.reset += 1;
+                    self.shared.slots.set_deadline(index, deadline);
+                    // Pending and held by the shard: its entry exists (`live` counts it).
+                    let slot = self.ensure_entry(index);
+                    let entry = &mut self.entries.0[slot];
+                    if let Some(task) = &mut entry.task {
+                        task.reanchor(self.shared.clock.nanos_of_tick(deadline));
+                    }
+                    if entry.task.is_none() {
+                        // A repeating timer out running: re-armed at this deadline instead.
+                        entry.links.set_deferred();
+                    } else {
+                        let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                        self.wheel.remove(&mut store, index);
+                        self.wheel.insert(&mut store, index, deadline);
+                    }
+                }
+            }
+            Message::Rearm {
+                index,
+                deadline,
+                mut task,
+            } => {
+                // The slot decides, in one transition, whether the run ends and who counts
+                // the end (see "Who counts a timer's end" in `slot.rs`).
+                let end = self.shared.slots.finish_run(index, task.is_some());
+                if end == RunEnd::Stale {
+                    handoff.dropped.extend(task);
+                    return;
+                }
+                let slot = self.ensure_entry(index);
+                let entry = &mut self.entries.0[slot];
+                let deferred = entry.links.take_deferred();
+                match end {
+                    RunEnd::Again => {
+                        let deadline = if deferred {
+                            let reset_to = self.shared.slots.deadline(index);
+                            if let Some(task) = &mut task {
+                                task.reanchor(self.shared.clock.nanos_of_tick(reset_to));
+                            }
+                            reset_to
+                        } else {
+                            deadline
+                        };
+                        entry.task = task;
+                        self.shared.slots.set_deadline(index, deadline);
+                        let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                        self.wheel.insert(&mut store, index, deadline);
+                    }
+                    RunEnd::Stopped | RunEnd::WasCancelled | RunEnd::Stale => {
+                        // Stopped (its task said so, or it panicked): this transition ended
+                        // it, so the shard counts it. Cancelled during the run: its canceller
+                        // counted it.
+                        self.live -= 1;
+                        if end == RunEnd::Stopped {
+                            self.fired += 1;
+                            self.shared.give_back_places(1);
+                        }
+                        handoff.dropped.extend(task);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Grows the entry table to hold slot `index` (it may have been given back while the
+    /// shard was idle); returns the index into it.
+    fn ensure_entry(&mut self, index: u32) -> usize {
+        let slot = index as usize;
+        if slot >= self.entries.0.len() {
+            self.entries.0.resize_with(slot + 1, || VACANT);
+            self.reclaim.saw_entries(slot as u64 + 1);
+        }
+        slot
+    }
+
+    /// Advances the wheel to `now_tick` and collects the tasks of timers that fired. Every
+    /// `spill_every` one-shot pool tasks, hands them to `spill` at once, so that the executor
+    /// starts on them while the shard collects the rest (`usize::MAX`: never).
+    pub(crate) fn expire(
+        &mut self,
+        now_tick: u64,
+        handoff: &mut Handoff,
+        spill_every: usize,
+        mut spill: impl FnMut(Vec<Task>),
+    ) -> usize {
+        let shared = &*self.shared;
+        let now_nanos = shared.clock.now_nanos();
+        let lateness = &mut self.lateness;
+        let mut fired = 0u64;
+        let mut given_back = 0u64;
+        let mut store = Store::new(&mut self.entries.0, &shared.slots);
+        self.wheel
+            .expire_to(&mut store, now_tick, |store, index, due| {
+                let entry = &mut store.entries[index as usize];
+                let repeating = entry.task.as_ref().is_some_and(Task::is_repeating);
+                match shared.slots.fire(index, due, repeating) {
+                    FireOutcome::Fire { free } => {
+                        let task = entry.task.take().expect("a stored timer has a task");
+                        lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
+                        if task.runs_inline() {
+                            handoff.inline.push(task);
+                        } else {
+                            handoff.expired.push(task);
+                        }
+                        fired += 1;
+                        if free {
+                            shared.slots.free_fired(index);
+                        }
+                        if handoff.expired.len() >= spill_every {
+                            shared.give_back_places((fired - given_back) as usize);
+                            given_back = fired;
+                            spill(std::mem::take(&mut handoff.expired));
+                        }
+                        None
+                    }
+                    FireOutcome::Run => {
+                        let task = entry.task.take().expect("a stored timer has a task");
+                        lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
+                        handoff.repeating.push(RepeatingRun { index, task });
+                        None
+                    }
+                    // Reset meanwhile: store it again at its new deadline.
+                    FireOutcome::Later(tick) => Some(tick),
+                    // The entry stays out of the wheel, task kept: the pending reset message
+                    // re-inserts it, the pending cancel message drops it.
+                    FireOutcome::ResetInFlight | FireOutcome::Cancelled => None,
+                }
+            });
+        self.fired += fired;
+        self.live -= fired as usize;
+        self.shared.give_back_places((fired - given_back) as usize);
+        fired as usize
+    }
+
+    /// Moves a bounded slice of the next window's timers down the wheel ahead of time (after
+    /// the expired tasks were handed off, so they do not wait for it).
+    pub(crate) fn cascade_ahead(&mut self) {
+        let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+        self.wheel.cascade_ahead(&mut store);
+    }
+
+    /// Gives idle memory back, when due (see [`reclaim`](super::reclaim)).
+    pub(crate) fn reclaim_idle_memory(&mut self, now_tick: u64) {
+        let entries = &mut self.entries.0;
+        let wheel = &mut self.wheel;
+        self.reclaim.step(
+            now_tick,
+            self.live,
+            entries.capacity() > KEPT_ENTRIES,
+            &self.shared.slots,
+            &self.shared.clock,
+            || {
+                debug_assert!(wheel.len() == 0, "wheel holds entries while none is live");
+                *entries = Vec::new();
+                wheel.reclaim_memory();
+            },
+        );
+    }
+
+    /// The tick of the shard's next work: the wheel's, or giving idle memory back.
+    pub(crate) fn next_work(&self) -> Option<u64> {
+        match self.wheel.next_work() {
+            Some(tick) => Some(tick.min(self.reclaim.at())),
+            None => (self.reclaim.at() != u64::MAX).then_some(self.reclaim.at()),
+        }
+    }
+
+    /// Publishes local counters (`Relaxed`: they order nothing).
+    pub(crate) fn flush_counters(&mut self) {
+        let counters = &self.shared.counters;
+        counters
+            .fired
+            .store(self.fired, std::sync::atomic::Ordering::Relaxed);
+        counters
+            .reset
+            .store(self.reset, std::sync::atomic::Ordering::Relaxed);
+        counters.flush_lateness(&mut self.lateness);
+    }
+
+    /// One turn of the shard, the same for its worker thread and for the manual clock's
+    /// driver (`Engine::drive`), in this order:
+    ///
+    /// | step | why there |
+    /// |------|-----------|
+    /// | drain up to [`DRAIN_BATCH`] messages | timers scheduled before now fire in this turn |
+    /// | expire to the clock's tick | every `spill_every` one-shot tasks go to the pool at once (`spill`) |
+    /// | flush counters | `Stats` include the turn before its tasks run |
+    /// | hand off, with the owner let go of (`hold`) | user code runs: it may shut down and take the owner |
+    /// | cascade ahead | after the hand-off, so that expired tasks never wait for it |
+    /// | reclaim idle memory, at the tick read again | last: it may plan the next wake-up |
+    ///
+    /// The worker spills (`spill: true`); the manual clock does not. `handoff` is empty again
+    /// after a turn (unless a panic cut it short). Returns `None` when `hold` has no owner (any
+    /// more): shutdown took it.
+    pub(crate) fn turn(
+        hold: &mut impl OwnerHold,
+        handoff: &mut Handoff,
+        dispatch: &Dispatch,
+        spill: bool,
+    ) -> Option<Turn> {
+        let owner = hold.owner()?;
+        let shared = owner.shared.clone();
+        let clock = &shared.clock;
+        let drained = owner.drain_inbox(handoff);
+        shared.inbox.consumed(drained);
+        let spill_every = if spill {
+            dispatch.spill_every()
+        } else {
+            usize::MAX
+        };
+        owner.expire(clock.now_tick(), handoff, spill_every, |tasks| {
+            handoff::spill(dispatch, tasks, &shared)
+        });
+        owner.flush_counters();
+        let ran = handoff.ran_anything();
+        if !handoff.is_empty() {
+            hold.hand_off(handoff);
+        }
+        let owner = hold.owner()?;
+        owner.cascade_ahead();
+        let now = clock.now_tick();
+        owner.reclaim_idle_memory(now);
+        Some(Turn { drained, ran, now })
+    }
+
+    /// Shutdown of this shard, after its inbox was closed and no thread drives it any more:
+    /// applies every message that was delivered, then cancels every timer still pending and
+    /// returns their tasks. Tasks of timers cancelled meanwhile are dropped. The engine's own
+    /// `Sleep` wake-ups are not returned but run, so awaiting tasks see the shutdown.
+    pub(crate) fn close(mut self) -> Vec<UnfiredTimer> {
+        debug_assert!(
+            self.shared.inbox.is_closed(),
+            "closing a shard whose inbox is open"
+        );
+        let mut handoff = Handoff::default();
+        while self.drain_inbox(&mut handoff) > 0 {}
+        self.shared.inbox.mark_drained();
+        while self.drain_inbox(&mut handoff) > 0 {}
+        // The count no longer matters: nothing parks on this inbox again.
+        let shared = self.shared.clone();
+        let mut unfired = Vec::new();
+        for (index, entry) in self.entries.0.iter_mut().enumerate() {
+            let Some(task) = entry.task.take() else {
+                continue;
+            };
+            let index = index as u32;
+            let deadline = shared.slots.deadline(index);
+            if shared.slots.cancel_for_shutdown(index) {
+                shared.count_cancelled(1);
+                if task.runs_inline() {
+                    // The engine's own wake-up of a `Sleep`: wake it (after the sweep), so an
+                    // awaiting task learns of the shutdown instead of hanging.
+                    handoff.inline.push(task);
+                } else {
+                    let deadline = shared.clock.instant_of_tick(deadline);
+                    unfired.push(UnfiredTimer::new(task, deadline));
+                }
+            } else {
+                handoff.dropped.push(task);
+            }
+            *entry = VACANT;
+            shared.slots.let_go(index);
+        }
+        self.wheel = RawWheel::new(1);
+        self.flush_counters();
+        // The wake-ups, and the tasks of timers cancelled meanwhile.
+        handoff::run_here(&mut handoff, &shared);
+        unfired
+    }
+}
+
+impl Drop for ShardOwner {
+    /// Tasks still stored (only when a failed shard's owner goes without `close`, or a test
+    /// drops an owner) are user code: dropped contained, after the entry table left the owner.
+    fn drop(&mut self) {
+        let entries = std::mem::take(&mut self.entries.0);
+        for task in entries.into_iter().filter_map(|entry| entry.task) {
+            drop_contained(&self.shared.counters, task);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::Clock;
+    use crate::clock::TickClock;
+    use crate::engine::handle::TimerHandle;
+    use crate::engine::slot::{RECLAIM_ABOVE, Reclaim};
+    use std::time::Duration;
+
+    /// A shard driven by hand (ticks of 1 ms), holding `count` cancelled timers whose handles
+    /// are all dropped but the last, which is returned.
+    fn idle_shard_holding_one_handle(count: usize) -> (ShardOwner, TimerHandle) {
+        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
+        let shared = Arc::new(ShardShared::new(clock, None));
+        let mut owner = ShardOwner::new(shared.clone(), 2);
+        let mut handoff = Handoff::default();
+        let mut handles: Vec<TimerHandle> = (0..count)
+            .map(|_| TimerHandle::submit(&shared, 1_000_000, Task::new(|| {})).unwrap())
+            .collect();
+        while owner.drain_inbox(&mut handoff) > 0 {}
+        for handle in &handles {
+            assert!(handle.cancel());
+        }
+        while owner.drain_inbox(&mut handoff) > 0 {}
+        assert_eq!(owner.live, 0);
+        let held = handles.pop().unwrap();
+        drop(handles);
+        (owner, held)
+    }
+
+    /// Runs the shard's housekeeping at each tick it asks to be woken at, from `now`, until it
+    /// asks for nothing; returns the wake-ups and the tick it stopped at.
+    fn run_housekeeping(owner: &mut ShardOwner, mut now: u64) -> (usize, u64) {
+        let mut wakes = 0;
+        while let Some(tick) = owner.next_work() {
+            assert!(tick > now, "housekeeping due at {tick}, now {now}");
+            now = tick;
+            owner.reclaim_idle_memory(now);
+            wakes += 1;
+            assert!(wakes < 100, "housekeeping never stops");
+        }
+        (wakes, now)
+    }
+
+    #[test]
+    fn idle_shard_retries_then_stops_and_resumes_when_a_handle_drops() {
+        let (mut owner, held) = idle_shard_holding_one_handle(RECLAIM_ABOVE as usize + 10);
+        owner.reclaim_idle_memory(0);
+        assert_eq!(
+            owner.next_work(),
+            Some(20),
+            "first try after the reclaim delay"
+        );
+        let (wakes, stopped) = run_housekeeping(&mut owner, 0);
+        // A try at 20 ms, then after waits of 20, 40, ... 640 ms, and 1000 ms, which saw no
+        // change over a whole longest wait: it stops there (7 of the 8 walks were skipped).
+        assert_eq!(
+            (wakes, stopped),
+            (8, 20 + 20 + 40 + 80 + 160 + 320 + 640 + 1000)
+        );
+        assert!(
+            owner.entries.0.capacity() == 0,
+            "the entry table went at the first try"
+        );
+        assert_eq!(
+            owner.shared.slots.try_reclaim(),
+            Reclaim::Busy {
+                head: owner.shared.slots.free_head()
+            }
+        );
+        // A later turn with nothing changed plans nothing.
+        owner.reclaim_idle_memory(stopped + 5000);
+        assert_eq!(owner.next_work(), None);
+        // The last handle goes: the next turn plans a try, which reclaims.
+        drop(held);
+        owner.reclaim_idle_memory(stopped + 6000);
+        assert_eq!(owner.next_work(), Some(stopped + 6020));
+        let (wakes, _) = run_housekeeping(&mut owner, stopped + 6000);
+        assert_eq!(wakes, 1);
+        assert_eq!(owner.reclaim.slots_seen, 0);
+        assert_eq!(
+            owner.shared.slots.allocate(),
+            Some((0, 2)),
+            "fresh slots start over"
+        );
+    }
+
+    #[test]
+    fn idle_shard_reclaims_everything_in_one_turn() {
+        let (mut owner, held) = idle_shard_holding_one_handle(RECLAIM_ABOVE as usize + 10);
+        drop(held);
+        owner.reclaim_idle_memory(0);
+        let (wakes, _) = run_housekeeping(&mut owner, 0);
+        assert_eq!(wakes, 1);
+        assert_eq!(owner.entries.0.capacity(), 0);
+        assert_eq!(owner.reclaim.slots_seen, 0);
+        assert_eq!(owner.shared.slots.try_reclaim(), Reclaim::Nothing);
+        // Idle with nothing left to give back: no wake-up is planned.
+        owner.reclaim_idle_memory(1000);
+        assert_eq!(owner.next_work(), None);
+    }
+
+    #[test]
+    fn small_idle_shard_plans_nothing() {
+        let (mut owner, held) = idle_shard_holding_one_handle(100);
+        drop(held);
+        owner.reclaim_idle_memory(0);
+        assert_eq!(owner.next_work(), None);
+    }
+}

@@ -1,0 +1,232 @@
+//! What other threads see of a shard ([`ShardShared`]): its slot table, its inbox and how to
+//! [`send`](ShardShared::send) to it, its clock and counters, and the engine-wide
+//! [`PendingLimit`]. The owner's side is in [`owner`](super::owner).
+
+use super::executor::drop_contained;
+use super::inbox::{Inbox, PushOutcome};
+use super::message::Message;
+use super::slot::SlotTable;
+use crate::clock::TickClock;
+use crate::error::ScheduleError;
+use crate::stats::ShardCounters;
+use crate::sync::{Arc, AtomicUsize, Ordering};
+use crate::task::Task;
+use crossbeam_utils::CachePadded;
+
+/// The engine-wide `max_pending` limit: an exact count of pending timers.
+#[derive(Debug)]
+pub(crate) struct PendingLimit {
+    max: usize,
+    pending: CachePadded<AtomicUsize>,
+}
+
+impl PendingLimit {
+    pub(crate) fn new(max: usize) -> PendingLimit {
+        PendingLimit {
+            max,
+            pending: CachePadded::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Takes a place; false when `max` timers are pending.
+    pub(crate) fn try_reserve(&self) -> bool {
+        self.pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |pending| {
+                (pending < self.max).then_some(pending + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back `count` places.
+    pub(crate) fn give_back(&self, count: usize) {
+        let old = self.pending.fetch_sub(count, Ordering::AcqRel);
+        debug_assert!(old >= count, "pending limit gave back {count} of {old}");
+    }
+
+    pub(crate) fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+}
+
+/// The part of a shard any thread may touch: the slot table, the inbox, counters.
+#[derive(Debug)]
+pub(crate) struct ShardShared {
+    /// Cache-line aligned, which also keeps the `Arc`'s reference counts (bumped by every new
+    /// handle) off the line of the page table that every slot access reads.
+    pub(crate) slots: CachePadded<SlotTable>,
+    pub(crate) inbox: Inbox,
+    pub(crate) clock: TickClock,
+    pub(crate) counters: ShardCounters,
+    pub(crate) limit: Option<Arc<PendingLimit>>,
+    /// Test-only fault: the worker thread panics at its next turn (see
+    /// `Timer::kill_shard_thread_for_tests`).
+    #[cfg(debug_assertions)]
+    pub(crate) fault: crate::sync::statistics::AtomicBool,
+}
+
+impl ShardShared {
+    pub(crate) fn new(clock: TickClock, limit: Option<Arc<PendingLimit>>) -> ShardShared {
+        ShardShared {
+            slots: CachePadded::new(SlotTable::new()),
+            inbox: Inbox::new(),
+            clock,
+            counters: ShardCounters::new(),
+            limit,
+            #[cfg(debug_assertions)]
+            fault: crate::sync::statistics::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether this shard's thread died (see `worker::run`): its inbox is closed for good.
+    pub(crate) fn has_failed(&self) -> bool {
+        self.counters
+            .failed
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Marks the shard failed, then closes its inbox: a submitter that finds the inbox closed
+    /// then also finds it failed (the close orders the two), and says so.
+    #[cfg_attr(loom, allow(dead_code))] // Under loom the worker lets a panic through.
+    pub(crate) fn fail(&self) {
+        self.counters
+            .failed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.inbox.close();
+    }
+
+    /// Why a schedule found the inbox closed: the engine was shut down, or the shard failed.
+    fn closed_error(&self) -> ScheduleError {
+        if self.has_failed() {
+            ScheduleError::ShardFailed
+        } else {
+            ScheduleError::Shutdown
+        }
+    }
+
+    /// A timer of this shard left PENDING other than by firing (cancel or shutdown).
+    pub(crate) fn count_cancelled(&self, count: u64) {
+        self.counters
+            .cancelled
+            .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
+        if let Some(limit) = &self.limit {
+            limit.give_back(count as usize);
+        }
+    }
+
+    /// Schedules `task` at tick `deadline` on this shard: returns the timer's slot index and
+    /// generation, with the one handle its slot counts, for the caller to wrap in a
+    /// [`TimerHandle`](super::handle::TimerHandle).
+    pub(crate) fn submit(&self, deadline: u64, task: Task) -> Result<(u32, u32), ScheduleError> {
+        // A refused task is user code: dropped contained.
+        let refuse = |task: Task, error: ScheduleError| {
+            drop_contained(&self.counters, task);
+            Err(error)
+        };
+        if self.inbox.is_closed() {
+            return refuse(task, self.closed_error());
+        }
+        if let Some(limit) = &self.limit
+            && !limit.try_reserve()
+        {
+            return refuse(task, ScheduleError::Full);
+        }
+        let Some((index, generation)) = self.slots.allocate() else {
+            if let Some(limit) = &self.limit {
+                limit.give_back(1);
+            }
+            return refuse(task, ScheduleError::Full);
+        };
+        self.slots
+            .begin(index, generation, deadline, task.is_repeating());
+        self.counters
+            .scheduled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Not `send`: a schedule that finds the inbox closed settles the race first.
+        match self.inbox.push(
+            Message::Schedule {
+                index,
+                deadline,
+                task,
+            },
+            deadline,
+        ) {
+            PushOutcome::Delivered => Ok((index, generation)),
+            PushOutcome::Closed { drained } => {
+                // Shutdown raced us. Whoever moves the timer out of PENDING first decides:
+                // us (the schedule is rejected, undone, its task dropped unrun) or the
+                // shard's last sweep (the timer is among those `shutdown()` returns).
+                if !self.slots.cancel(index, generation) {
+                    return Ok((index, generation));
+                }
+                self.counters
+                    .scheduled
+                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+                if let Some(limit) = &self.limit {
+                    limit.give_back(1);
+                }
+                if drained {
+                    self.discard_late_messages();
+                }
+                let error = self.closed_error();
+                // No handle is made: let go of the one the slot counts.
+                self.slots.drop_handle(index);
+                Err(error)
+            }
+        }
+    }
+
+    /// Gives back `count` places of the `max_pending` limit, if there is one.
+    pub(crate) fn give_back_places(&self, count: usize) {
+        if let (Some(limit), true) = (&self.limit, count > 0) {
+            limit.give_back(count);
+        }
+    }
+
+    /// Sends `message` (for deadline tick `deadline`; `u64::MAX` for none) to the owner. If
+    /// the inbox is closed and the owner's last drain is over, no one will apply it: it is
+    /// discarded, with every other late message ([`discard_late_messages`](Self::discard_late_messages)).
+    pub(crate) fn send(&self, message: Message, deadline: u64) {
+        if let PushOutcome::Closed { drained: true } = self.inbox.push(message, deadline) {
+            self.discard_late_messages();
+        }
+    }
+
+    /// Hands a repeating timer back to the shard after a run, with its task and the deadline
+    /// of its next run (`task: None`: it stopped). Called by whoever ran it. If the shard is
+    /// gone, the discard ends this timer (see there).
+    pub(crate) fn rearm(&self, index: u32, deadline: u64, task: Option<Task>) {
+        self.send(
+            Message::Rearm {
+                index,
+                deadline,
+                task,
+            },
+            deadline,
+        );
+    }
+
+    /// After shutdown's last drain: drops whatever late submitters left in the queue (all of
+    /// it belongs to rejected schedules or to timers shutdown already settled). The tasks in
+    /// them are dropped contained.
+    pub(crate) fn discard_late_messages(&self) {
+        while let Some(message) = self.inbox.pop() {
+            // The shard will never apply these: end the repeating timers they hand back.
+            if let Message::Rearm { index, .. } = message
+                && self.slots.end_run_after_shutdown(index)
+            {
+                self.count_cancelled(1);
+            }
+            drop_contained(&self.counters, message);
+        }
+    }
+}
+
+impl Drop for ShardShared {
+    /// Messages still queued (only when a failed shard's owner could not be closed) hold tasks:
+    /// user code, dropped contained.
+    fn drop(&mut self) {
+        while let Some(message) = self.inbox.pop() {
+            drop_contained(&self.counters, message);
+        }
+    }
+}
