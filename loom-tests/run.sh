@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
-export RUSTFLAGS="--cfg loom ${RUSTFLAGS:-}"
+export RUSTFLAGS="--cfg shardwheel_loom ${RUSTFLAGS:-}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/loom}"
 # Keep the engine's debug_assert! invariants on in the optimized loom build.
 export CARGO_PROFILE_RELEASE_DEBUG_ASSERTIONS=true

@@ -76,18 +76,38 @@
 use std::time::Instant;
 
 /// A base is used for at most this many nanoseconds of counts.
+#[cfg_attr(
+    not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
+    allow(dead_code)
+)]
 const REFRESH_NANOS: u64 = 1_000_000;
 
 /// A rate sample spans at least this long.
+#[cfg_attr(
+    not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
+    allow(dead_code)
+)]
 const SAMPLE_NANOS: u64 = 5_000_000;
 
 /// A longer rate sample is thrown away (it is more likely to span a suspend).
+#[cfg_attr(
+    not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
+    allow(dead_code)
+)]
 const SAMPLE_MAX_NANOS: u64 = 100_000_000;
 
 /// How often the kernel's clock source is read again.
+#[cfg_attr(
+    not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
+    allow(dead_code)
+)]
 const SOURCE_CHECK_NANOS: u64 = 100_000_000;
 
 /// What an extrapolated reading adds, so that it is never early (see the module documentation).
+#[cfg_attr(
+    not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
+    allow(dead_code)
+)]
 const MARGIN_NANOS: u64 = 50_000;
 
 /// The process-wide origin of [`now_nanos`].
@@ -103,7 +123,7 @@ pub(crate) fn now_nanos() -> Option<u64> {
     imp::now_nanos()
 }
 
-#[cfg(all(target_arch = "x86_64", target_os = "linux", not(loom)))]
+#[cfg(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom)))]
 mod imp {
     use super::{MARGIN_NANOS, REFRESH_NANOS, SAMPLE_MAX_NANOS, SAMPLE_NANOS, SOURCE_CHECK_NANOS};
     use crate::sync::OnceLock;
@@ -707,7 +727,7 @@ mod imp {
     }
 }
 
-#[cfg(not(all(target_arch = "x86_64", target_os = "linux", not(loom))))]
+#[cfg(not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))))]
 mod imp {
     use crate::sync::OnceLock;
     use std::time::Instant;
@@ -733,7 +753,7 @@ pub(crate) fn in_use() -> bool {
     imp::in_use()
 }
 
-#[cfg(all(test, not(loom)))]
+#[cfg(all(test, not(shardwheel_loom)))]
 mod tests {
     use super::*;
     use std::time::Duration;

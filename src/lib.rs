@@ -74,7 +74,7 @@ pub use stats::{ShardStats, Stats};
 pub use timer::{Builder, Timer};
 
 /// The slot table, for the loom models of its reclaim protocol only.
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 #[doc(hidden)]
 pub use engine::slot::SlotTableHook;
 

@@ -1,28 +1,28 @@
 //! The one place that chooses between `std` and `loom` synchronization.
 //!
 //! Everything else in the crate imports atomics, `Arc`, `Mutex`, threads and the lock-free
-//! message queue from here. Under `--cfg loom` they are loom's model-checked types, and the
+//! message queue from here. Under `--cfg shardwheel_loom` they are loom's model-checked types, and the
 //! crossbeam queue (which loom cannot see) is replaced by `Queue`, a loom-visible stand-in
 //! with the same contract: an unbounded multi-producer multi-consumer FIFO whose `push` never
 //! blocks and whose `pop` returns `None` when empty.
 
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 pub(crate) use std::thread;
 
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 pub(crate) use loom::thread;
 
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 pub(crate) use loom::thread_local;
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 pub(crate) use std::thread_local;
 
 /// Set-once cell. Only used to publish a shard thread's handle before that thread first parks,
@@ -49,15 +49,15 @@ pub(crate) mod statistics {
 }
 
 /// The lock-free multi-producer queue that carries messages to a shard.
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 pub(crate) type Queue<T> = crossbeam_queue::SegQueue<T>;
 
 /// Loom stand-in for `crossbeam_queue::SegQueue`: same contract, visible to the model checker.
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 #[derive(Debug)]
 pub(crate) struct Queue<T>(loom::sync::Mutex<std::collections::VecDeque<T>>);
 
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 impl<T> Queue<T> {
     pub(crate) fn new() -> Queue<T> {
         Queue(loom::sync::Mutex::new(std::collections::VecDeque::new()))
@@ -86,11 +86,14 @@ impl<T> Queue<T> {
 /// fence orders nothing on x86 while every loom model (which runs the real fence) still passes.
 #[inline]
 fn fence_after_read_modify_write() {
-    #[cfg(all(any(target_arch = "x86", target_arch = "x86_64"), not(loom)))]
+    #[cfg(all(any(target_arch = "x86", target_arch = "x86_64"), not(shardwheel_loom)))]
     std::sync::atomic::compiler_fence(Ordering::SeqCst);
-    #[cfg(all(not(any(target_arch = "x86", target_arch = "x86_64")), not(loom)))]
+    #[cfg(all(
+        not(any(target_arch = "x86", target_arch = "x86_64")),
+        not(shardwheel_loom)
+    ))]
     std::sync::atomic::fence(Ordering::SeqCst);
-    #[cfg(loom)]
+    #[cfg(shardwheel_loom)]
     loom::sync::atomic::fence(Ordering::SeqCst);
 }
 
@@ -129,7 +132,7 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     }
 }
 
-/// Runs a concurrency test: under `--cfg loom` as a loom model exploring every interleaving
+/// Runs a concurrency test: under `--cfg shardwheel_loom` as a loom model exploring every interleaving
 /// (within `LOOM_MAX_PREEMPTIONS`), otherwise once as a plain test. For models inside the crate;
 /// the `loom-tests` crate has its own `loom_tests::model` (the same `loom::model` call), so this
 /// module stays private.
@@ -138,8 +141,8 @@ pub fn model<F>(test: F)
 where
     F: Fn() + Sync + Send + 'static,
 {
-    #[cfg(loom)]
+    #[cfg(shardwheel_loom)]
     loom::model(test);
-    #[cfg(not(loom))]
+    #[cfg(not(shardwheel_loom))]
     test();
 }

@@ -1,11 +1,11 @@
 //! Loom models of every protocol in which two threads touch the same engine state.
 //!
-//! Run with `loom-tests/run.sh` (it sets `--cfg loom` and the preemption bound). Each model
+//! Run with `loom-tests/run.sh` (it sets `--cfg shardwheel_loom` and the preemption bound). Each model
 //! drives the shipped engine: a manual clock with one shard and inline execution drives the
 //! shard by hand; the wake-up model runs the real worker thread (as a loom thread). The slot
 //! reclaim model drives the shipped slot table directly (through the public API a reclaim
 //! needs thousands of timers).
-#![cfg(loom)]
+#![cfg(shardwheel_loom)]
 
 use loom::sync::Arc;
 use loom::sync::Notify;

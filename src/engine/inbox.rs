@@ -74,9 +74,9 @@ pub(crate) struct Parker {
     thread: OnceLock<ThreadHandle>,
 }
 
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 type ThreadHandle = std::thread::Thread;
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 type ThreadHandle = loom::thread::Thread;
 
 impl Parker {
@@ -93,12 +93,12 @@ impl Parker {
     }
 
     fn park(&self, timeout: Option<Duration>) {
-        #[cfg(not(loom))]
+        #[cfg(not(shardwheel_loom))]
         match timeout {
             Some(timeout) => thread::park_timeout(timeout),
             None => thread::park(),
         }
-        #[cfg(loom)]
+        #[cfg(shardwheel_loom)]
         {
             let _ = timeout;
             thread::park();

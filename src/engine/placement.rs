@@ -27,7 +27,7 @@
 use crate::sync::thread_local;
 use std::cell::Cell;
 
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 thread_local! {
     /// This thread's home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
     static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
@@ -36,7 +36,7 @@ thread_local! {
 }
 
 // Loom's thread-locals take no `const` initializers.
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 thread_local! {
     static HOME: Cell<usize> = Cell::new(usize::MAX);
     static STRIPE: Cell<usize> = Cell::new(usize::MAX);
@@ -139,14 +139,14 @@ pub(crate) fn counter_stripe() -> usize {
 }
 
 /// The CPU this thread runs on now (it may move at any time: only a placement hint).
-#[cfg(all(target_os = "linux", not(loom)))]
+#[cfg(all(target_os = "linux", not(shardwheel_loom)))]
 fn current_cpu() -> Option<usize> {
     // SAFETY: `sched_getcpu` has no preconditions; it returns -1 on error.
     usize::try_from(unsafe { libc::sched_getcpu() }).ok()
 }
 
 /// The CPU this thread runs on: not known on this system (or under loom).
-#[cfg(not(all(target_os = "linux", not(loom))))]
+#[cfg(not(all(target_os = "linux", not(shardwheel_loom))))]
 fn current_cpu() -> Option<usize> {
     None
 }

@@ -27,7 +27,7 @@ pub(crate) const RECLAIM_RETRY_MAX: Duration = Duration::from_secs(1);
 /// when a `Schedule` grows the entry table, so after a reclaim, a table that kept up to
 /// `KEPT_ENTRIES` entries must still see every index above `RECLAIM_ABOVE`. Under loom none, so
 /// that a model sees the table given back (as `KEPT_PAGES` in the slot table).
-pub(crate) const KEPT_ENTRIES: usize = if cfg!(loom) { 0 } else { 4096 };
+pub(crate) const KEPT_ENTRIES: usize = if cfg!(shardwheel_loom) { 0 } else { 4096 };
 const _: () = assert!(KEPT_ENTRIES as u64 <= RECLAIM_ABOVE);
 
 /// The owner's plan for giving idle memory back. See the [module documentation](self).

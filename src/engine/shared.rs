@@ -86,7 +86,7 @@ impl ShardShared {
 
     /// Marks the shard failed, then closes its inbox: a submitter that finds the inbox closed
     /// then also finds it failed (the close orders the two), and says so.
-    #[cfg_attr(loom, allow(dead_code))] // Under loom the worker lets a panic through.
+    #[cfg_attr(shardwheel_loom, allow(dead_code))] // Under loom the worker lets a panic through.
     pub(crate) fn fail(&self) {
         self.counters
             .failed

@@ -74,7 +74,7 @@ impl Engine {
                 levels: settings.levels,
             });
         }
-        let dispatch = if cfg!(loom) {
+        let dispatch = if cfg!(shardwheel_loom) {
             Dispatch::Inline
         } else {
             match settings.executor {
@@ -115,7 +115,7 @@ impl Engine {
         }
 
         // Loom runs every thread on one OS thread: pinning would pin the model checker.
-        let core_ids = if settings.pin_threads && !cfg!(loom) {
+        let core_ids = if settings.pin_threads && !cfg!(shardwheel_loom) {
             core_affinity::get_core_ids().unwrap_or_default()
         } else {
             Vec::new()

@@ -10,7 +10,7 @@ use super::shared::ShardShared;
 use crate::sync::{Arc, thread, thread_local};
 use std::cell::RefCell;
 
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 thread_local! {
     /// While a worker thread runs user code (inline tasks, task drops), its owner waits here,
     /// so that a `shutdown()` called from that user code can take and close it.
@@ -18,7 +18,7 @@ thread_local! {
 }
 
 // Loom's thread-locals take no `const` initializers.
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 thread_local! {
     static PARKED_OWNER: RefCell<Option<ShardOwner>> = RefCell::new(None);
 }
@@ -32,11 +32,11 @@ pub(crate) fn spawn(
     pin: Option<core_affinity::CoreId>,
 ) -> std::io::Result<thread::JoinHandle<Option<ShardOwner>>> {
     let run = move || run(owner, dispatch, ordinal, pin);
-    #[cfg(not(loom))]
+    #[cfg(not(shardwheel_loom))]
     return thread::Builder::new()
         .name(format!("shardwheel-shard-{ordinal}"))
         .spawn(run);
-    #[cfg(loom)]
+    #[cfg(shardwheel_loom)]
     return Ok(thread::spawn(run));
 }
 
@@ -114,9 +114,9 @@ fn run(
     let mut owner = Some(owner);
     let mut handoff = Handoff::default();
     // Under loom a panic is the model checker's own report: let it through.
-    #[cfg(loom)]
+    #[cfg(shardwheel_loom)]
     turns(&mut owner, &mut handoff, &dispatch);
-    #[cfg(not(loom))]
+    #[cfg(not(shardwheel_loom))]
     {
         use std::panic::{AssertUnwindSafe, catch_unwind};
         let outcome = catch_unwind(AssertUnwindSafe(|| {

@@ -1,5 +1,5 @@
 //! A slot table for the loom models (`loom-tests`), which drive the reclaim protocol directly:
-//! through the public API it needs thousands of timers. Compiled under `cfg(loom)` only; not
+//! through the public API it needs thousands of timers. Compiled under `cfg(shardwheel_loom)` only; not
 //! part of the API.
 
 use super::{Reclaim, SlotTable};

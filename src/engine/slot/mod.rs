@@ -15,7 +15,7 @@
 //! * [`pages`]: page storage, where every `unsafe` of the table lives;
 //! * [`free_list`]: the lock-free list of free slots;
 //! * [`reclaim`]: giving the table's memory back when its shard is idle, and why that is safe;
-//! * `hook`: the loom models' handle on a table (`cfg(loom)` only); `tests`.
+//! * `hook`: the loom models' handle on a table (`cfg(shardwheel_loom)` only); `tests`.
 //!
 //! # The state word
 //!
@@ -111,7 +111,7 @@
 //! [`cancel_awaits_let_go`]: SlotTable::cancel_awaits_let_go
 
 mod free_list;
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 mod hook;
 mod pages;
 mod reclaim;
@@ -119,7 +119,7 @@ mod reclaim;
 mod tests;
 mod word;
 
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 pub use hook::SlotTableHook;
 pub(crate) use pages::Slot;
 pub(crate) use reclaim::{RECLAIM_ABOVE, Reclaim};

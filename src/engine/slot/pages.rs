@@ -106,7 +106,7 @@ impl Pages {
     /// words) afterwards and cost no memory until written again. Their content does not matter
     /// (a fresh slot is written whole by `begin`, a stale reader accepts any FREE word), so a
     /// failure only means the memory stays.
-    #[cfg(all(unix, not(loom)))]
+    #[cfg(all(unix, not(shardwheel_loom)))]
     pub(super) fn forget(&self, page: usize, used: usize) {
         let base = self.0[page].load(Ordering::Acquire);
         if base.is_null() {
@@ -135,12 +135,12 @@ impl Pages {
     }
 
     /// Elsewhere the memory stays (nothing depends on it being given back).
-    #[cfg(all(not(unix), not(loom)))]
+    #[cfg(all(not(unix), not(shardwheel_loom)))]
     pub(super) fn forget(&self, _page: usize, _used: usize) {}
 
     /// Loom: what `madvise` does to the words, as atomic stores the model checker sees, so
     /// that a write it could erase shows up.
-    #[cfg(loom)]
+    #[cfg(shardwheel_loom)]
     pub(super) fn forget(&self, page: usize, used: usize) {
         let base = self.0[page].load(Ordering::Acquire);
         if base.is_null() {
@@ -172,7 +172,7 @@ impl Drop for Pages {
 /// A page of `len` FREE slots, generation 0. Outside loom it is zeroed memory straight from the
 /// allocator (all-zero bytes are exactly that state), so the operating system provides its
 /// pages only as slots are first used: a large, mostly unused last page costs no memory.
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 fn new_page(len: usize) -> *mut Slot {
     let layout = std::alloc::Layout::array::<Slot>(len).expect("page layout fits in memory");
     // SAFETY: the layout has a non-zero size (pages hold at least FIRST_PAGE slots).
@@ -188,7 +188,7 @@ fn new_page(len: usize) -> *mut Slot {
 ///
 /// # Safety
 /// `base` came from `new_page(len)` and is not used afterwards.
-#[cfg(not(loom))]
+#[cfg(not(shardwheel_loom))]
 unsafe fn free_page(base: *mut Slot, len: usize) {
     let layout = std::alloc::Layout::array::<Slot>(len).expect("page layout fits in memory");
     // SAFETY: per the contract, `base` was allocated with this very layout.
@@ -196,7 +196,7 @@ unsafe fn free_page(base: *mut Slot, len: usize) {
 }
 
 /// Loom's atomics are not plain memory: build the page word by word.
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 fn new_page(len: usize) -> *mut Slot {
     let page: Box<[Slot]> = (0..len)
         .map(|_| Slot {
@@ -211,7 +211,7 @@ fn new_page(len: usize) -> *mut Slot {
 ///
 /// # Safety
 /// `base` came from `new_page(len)` and is not used afterwards.
-#[cfg(loom)]
+#[cfg(shardwheel_loom)]
 unsafe fn free_page(base: *mut Slot, len: usize) {
     // SAFETY: per the contract, `base` is a boxed slice of `len` words.
     drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(base, len)) });

@@ -60,7 +60,7 @@ pub(crate) const RECLAIM_ABOVE: u64 = 4096;
 /// Leading pages a reclaim keeps (never given back to the operating system): those under
 /// 64 KiB, where giving back would save little and cost page faults on the next burst. Under
 /// loom none, so that the model sees every page given back.
-const KEPT_PAGES: usize = if cfg!(loom) {
+const KEPT_PAGES: usize = if cfg!(shardwheel_loom) {
     0
 } else {
     let mut page = 0;
