@@ -253,3 +253,14 @@ impl TickClock {
         u64::try_from(duration.as_nanos().div_ceil(self.tick_nanos as u128)).unwrap_or(u64::MAX)
     }
 }
+
+/// An instant so far ahead that no timer on it fires within any run (about 30 years).
+pub(crate) fn far_future(now: Instant) -> Instant {
+    let mut ahead = Duration::from_secs(1 << 30);
+    loop {
+        if let Some(instant) = now.checked_add(ahead) {
+            return instant;
+        }
+        ahead /= 2;
+    }
+}

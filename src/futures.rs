@@ -369,7 +369,7 @@ impl Interval {
                     }
                     _ => due.checked_add(period),
                 };
-                let next = next.unwrap_or_else(|| crate::timer::far_future(now));
+                let next = next.unwrap_or_else(|| crate::clock::far_future(now));
                 // Unarms the fired timer: the next poll schedules one for `next`.
                 Pin::new(&mut self.sleep).reset(next);
                 Poll::Ready(due)
@@ -402,7 +402,7 @@ impl Interval {
         let now = self.now();
         self.reset_at(
             now.checked_add(self.period)
-                .unwrap_or_else(|| crate::timer::far_future(now)),
+                .unwrap_or_else(|| crate::clock::far_future(now)),
         );
     }
 
@@ -417,7 +417,7 @@ impl Interval {
         let now = self.now();
         self.reset_at(
             now.checked_add(after)
-                .unwrap_or_else(|| crate::timer::far_future(now)),
+                .unwrap_or_else(|| crate::clock::far_future(now)),
         );
     }
 

@@ -19,17 +19,6 @@ fn nanos(duration: Duration) -> u64 {
     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 }
 
-/// An instant so far ahead that no timer on it fires within any run (about 30 years).
-pub(crate) fn far_future(now: Instant) -> Instant {
-    let mut ahead = Duration::from_secs(1 << 30);
-    loop {
-        if let Some(instant) = now.checked_add(ahead) {
-            return instant;
-        }
-        ahead /= 2;
-    }
-}
-
 /// A sharded timer engine: schedule, cancel and reset millions of timeouts from any thread.
 ///
 /// # How it works
@@ -224,7 +213,9 @@ impl Timer {
     pub fn sleep(&self, delay: Duration) -> Sleep {
         let now = self.clock().now();
         // Beyond representable time: a sleep that never completes.
-        let deadline = now.checked_add(delay).unwrap_or_else(|| far_future(now));
+        let deadline = now
+            .checked_add(delay)
+            .unwrap_or_else(|| crate::clock::far_future(now));
         self.sleep_until(deadline)
     }
 
