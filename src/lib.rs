@@ -78,10 +78,9 @@ pub use timer::{Builder, Timer};
 #[doc(hidden)]
 pub use engine::slot::SlotTableHook;
 
-/// Hooks for the engine's own tests (feature `test-hooks`).
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
-pub use engine::handle::test_hooks;
+pub mod test_hooks;
 
 /// The README's examples, compiled and run as doc tests.
 #[cfg(doctest)]

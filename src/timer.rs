@@ -362,16 +362,10 @@ impl Timer {
         self.inner.engine.shutdown()
     }
 
-    /// Test-only fault hook: makes shard `shard`'s thread panic at its next turn, as an engine
-    /// bug would, to test that a dead shard is reported ([`Stats::failed_shards`]). Debug
-    /// builds only; not part of the API.
-    ///
-    /// # Panics
-    ///
-    /// If `shard` is not below the shard count.
-    #[cfg(debug_assertions)]
-    #[doc(hidden)]
-    pub fn kill_shard_thread_for_tests(&self, shard: usize) {
+    /// Makes shard `shard`'s thread panic at its next turn, as an engine bug would (see
+    /// [`test_hooks::kill_shard_thread`](crate::test_hooks::kill_shard_thread)).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn kill_shard_thread(&self, shard: usize) {
         let shard = &self.inner.engine.shards[shard];
         shard
             .fault

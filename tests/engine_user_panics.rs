@@ -9,7 +9,7 @@
 
 mod support;
 
-#[cfg(debug_assertions)]
+#[cfg(feature = "test-hooks")]
 use shardwheel::ScheduleError;
 use shardwheel::{Executor, MissedTickBehavior, Timer};
 use std::sync::Arc;
@@ -291,7 +291,7 @@ use std::future::Future;
 /// Finding 5: a shard thread that dies (killed by the test-only fault hook) is reported by
 /// `Stats`, schedules routed to it fail with `ScheduleError::ShardFailed`, and `shutdown`
 /// still returns its pending timers: none is silently lost.
-#[cfg(debug_assertions)]
+#[cfg(feature = "test-hooks")]
 #[test]
 fn a_dead_shard_is_reported() {
     quiet_intentional_panics();
@@ -305,7 +305,7 @@ fn a_dead_shard_is_reported() {
             })
             .unwrap()
     };
-    timer.kill_shard_thread_for_tests(0);
+    shardwheel::test_hooks::kill_shard_thread(&timer, 0);
     assert!(
         wait_until(Duration::from_secs(3), || timer.stats().failed_shards == 1),
         "the dead shard is not reported"

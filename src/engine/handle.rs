@@ -47,7 +47,7 @@ impl TimerHandle {
         }
         shard.count_cancelled(1);
         #[cfg(feature = "test-hooks")]
-        test_hooks::after_cancel_transition();
+        cancel_hook::after_cancel_transition();
         shard.send(
             Message::Cancel {
                 index: self.index,
@@ -151,10 +151,9 @@ impl fmt::Debug for TimerHandle {
     }
 }
 
-/// Hooks for the engine's own tests (feature `test-hooks`): not part of the API.
+/// The hook of [`test_hooks::set_after_cancel_transition`](crate::test_hooks::set_after_cancel_transition).
 #[cfg(feature = "test-hooks")]
-#[doc(hidden)]
-pub mod test_hooks {
+pub(crate) mod cancel_hook {
     use std::cell::RefCell;
 
     thread_local! {
@@ -162,10 +161,7 @@ pub mod test_hooks {
             const { RefCell::new(None) };
     }
 
-    /// Sets (or, with `None`, clears) a hook that this thread's successful
-    /// [`TimerHandle::cancel`](super::TimerHandle::cancel) calls run between their state change
-    /// and the push of their `Cancel` message: a canceller descheduled there, made
-    /// deterministic.
+    /// See [`test_hooks::set_after_cancel_transition`](crate::test_hooks::set_after_cancel_transition).
     pub fn set_after_cancel_transition(hook: Option<Box<dyn FnMut()>>) {
         AFTER_CANCEL_TRANSITION.with(|slot| *slot.borrow_mut() = hook);
     }

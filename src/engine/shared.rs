@@ -59,8 +59,8 @@ pub(crate) struct ShardShared {
     pub(crate) counters: ShardCounters,
     pub(crate) limit: Option<Arc<PendingLimit>>,
     /// Test-only fault: the worker thread panics at its next turn (see
-    /// `Timer::kill_shard_thread_for_tests`).
-    #[cfg(debug_assertions)]
+    /// `test_hooks::kill_shard_thread`).
+    #[cfg(feature = "test-hooks")]
     pub(crate) fault: crate::sync::statistics::AtomicBool,
 }
 
@@ -72,7 +72,7 @@ impl ShardShared {
             clock,
             counters: ShardCounters::new(),
             limit,
-            #[cfg(debug_assertions)]
+            #[cfg(feature = "test-hooks")]
             fault: crate::sync::statistics::AtomicBool::new(false),
         }
     }

@@ -152,7 +152,7 @@ fn turns(slot: &mut Option<ShardOwner>, handoff: &mut Handoff, dispatch: &Dispat
     let drain_ticks = clock.ticks_in(DRAIN_INTERVAL);
     let mut active = false;
     loop {
-        #[cfg(debug_assertions)]
+        #[cfg(feature = "test-hooks")]
         if shared
             .fault
             .swap(false, std::sync::atomic::Ordering::Relaxed)
