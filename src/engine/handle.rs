@@ -45,7 +45,10 @@ impl TimerHandle {
     }
 
     /// Moves the deadline to `delay` from now (earlier or later). Returns true iff the timer
-    /// was still pending, in which case it fires at the new deadline and not at the old one.
+    /// was still pending, in which case its task runs at the new deadline and not at the old
+    /// one (a deadline moved earlier may meet the timer firing already: true then too, the
+    /// task running no earlier than the new deadline). False: it fired at a deadline no later
+    /// than the new one, or was cancelled; this call moved nothing.
     ///
     /// Pushing a one-shot timer's deadline later (the common case: an idle timeout pushed
     /// back on activity) writes the deadline in place and sends no message: the owning shard
@@ -160,6 +163,14 @@ pub mod test_hooks {
     /// deterministic.
     pub fn set_after_cancel_transition(hook: Option<Box<dyn FnMut()>>) {
         AFTER_CANCEL_TRANSITION.with(|slot| *slot.borrow_mut() = hook);
+    }
+
+    /// Sets (or, with `None`, clears) a hook that this thread's one-shot
+    /// [`TimerHandle::reset`](super::TimerHandle::reset) calls run between their swap of the
+    /// deadline and their second read of the timer's state: a resetter descheduled while the
+    /// shard decides on the deadline it just wrote, made deterministic.
+    pub fn set_after_reset_swap(hook: Option<Box<dyn FnMut()>>) {
+        crate::engine::slot::test_hooks::set_after_reset_swap(hook);
     }
 
     pub(crate) fn after_cancel_transition() {
