@@ -59,7 +59,10 @@ impl TimerHandle {
     }
 
     /// Moves the deadline to `delay` from now (earlier or later). Returns true iff the timer
-    /// was still pending, in which case it fires at the new deadline and not at the old one.
+    /// was still pending, in which case its task runs at the new deadline and not at the old
+    /// one (a deadline moved earlier may meet the timer firing already: true then too, the
+    /// task running no earlier than the new deadline). False: it fired at a deadline no later
+    /// than the new one, or was cancelled; this call moved nothing.
     ///
     /// Pushing a one-shot timer's deadline later (the common case: an idle timeout pushed
     /// back on activity) writes the deadline in place and sends no message: the owning shard

@@ -41,7 +41,10 @@
 //! the word, stands a sequentially consistent fence (Dekker's protocol): either the shard reads
 //! the handle's deadline, or the handle sees the lock (and waits the few instructions until the
 //! decision) or the decision itself. A reset whose second read finds the timer FIRED returns
-//! false; so a reset that returned true is never outrun by its timer firing at the old deadline.
+//! false, so a reset that returned true is never outrun by its timer firing at the old deadline;
+//! unless it moved the deadline earlier: the shard may have fired on the new deadline, and the
+//! reset must then not say it moved nothing (the task ran before the old deadline, which the
+//! caller would still believe in), so it returns true (the task ran no earlier than either).
 //! The shard never waits for a handle, and no user code runs under the lock.
 //!
 //! | from                      | event (by whom)                         | to                               |
@@ -364,18 +367,25 @@ impl SlotTable {
         // shard reads our deadline, or we see its lock (or its decision) below. Why the fence
         // must follow a read-modify-write: `crate::sync::swap_then_fence`.
         let old = crate::sync::swap_then_fence(&slot.deadline, deadline, Ordering::AcqRel);
+        #[cfg(feature = "test-hooks")]
+        reset_hook::after_reset_swap();
         let mut word = slot.state.load(Ordering::Acquire);
         while word & DEADLINE_LOCK != 0 {
             // The shard is deciding on a deadline it read (a few instructions): wait for it.
             thread::yield_now();
             word = slot.state.load(Ordering::Acquire);
         }
-        if lifecycle_of(word) != PENDING {
-            // Fired (at its old deadline, or ours if that was already due) or cancelled.
-            return LazyReset::NotPending;
-        }
-        LazyReset::Done {
-            earlier: deadline < old,
+        match lifecycle_of(word) {
+            PENDING => LazyReset::Done {
+                earlier: deadline < old,
+            },
+            // Fired meanwhile, on the deadline the shard read: the old one, or ours. Ours only
+            // counts if it is the earlier one (the shard fired on it, and the reset must not
+            // say it changed nothing: that timer ran before the old deadline). Then either way
+            // the timer ran no earlier than our deadline, so the reset is honestly "in time".
+            FIRED if deadline < old => LazyReset::Done { earlier: false },
+            // Fired at a deadline no later than ours, or cancelled.
+            _ => LazyReset::NotPending,
         }
     }
 
@@ -719,5 +729,35 @@ impl SlotTable {
     #[cfg(test)]
     pub(crate) fn allocated(&self) -> u64 {
         self.fresh.next.load(Ordering::Relaxed) & FRESH_COUNT_MASK
+    }
+}
+
+/// The test hook between a lazy reset's swap and its second read (feature `test-hooks`), set
+/// through [`crate::test_hooks::set_after_reset_swap`].
+#[cfg(feature = "test-hooks")]
+pub(crate) mod reset_hook {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static AFTER_RESET_SWAP: RefCell<Option<Box<dyn FnMut()>>> = const { RefCell::new(None) };
+    }
+
+    /// See [`crate::test_hooks::set_after_reset_swap`].
+    pub(crate) fn set_after_reset_swap(hook: Option<Box<dyn FnMut()>>) {
+        AFTER_RESET_SWAP.with(|slot| *slot.borrow_mut() = hook);
+    }
+
+    /// Runs this thread's hook, if set (taken out while it runs, so it may reset timers).
+    pub(crate) fn after_reset_swap() {
+        let hook = AFTER_RESET_SWAP.with(|slot| slot.borrow_mut().take());
+        if let Some(mut hook) = hook {
+            hook();
+            AFTER_RESET_SWAP.with(|slot| {
+                let mut slot = slot.borrow_mut();
+                if slot.is_none() {
+                    *slot = Some(hook);
+                }
+            });
+        }
     }
 }
