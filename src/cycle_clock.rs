@@ -75,40 +75,32 @@
 
 use std::time::Instant;
 
-/// A base is used for at most this many nanoseconds of counts.
+/// The clock's parameters (used only where the fast clock exists).
 #[cfg_attr(
     not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
     allow(dead_code)
 )]
-const REFRESH_NANOS: u64 = 1_000_000;
+mod parameters {
+    /// A base is used for at most this many nanoseconds of counts.
+    pub(super) const REFRESH_NANOS: u64 = 1_000_000;
 
-/// A rate sample spans at least this long.
-#[cfg_attr(
-    not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
-    allow(dead_code)
-)]
-const SAMPLE_NANOS: u64 = 5_000_000;
+    /// A rate sample spans at least this long.
+    pub(super) const SAMPLE_NANOS: u64 = 5_000_000;
 
-/// A longer rate sample is thrown away (it is more likely to span a suspend).
-#[cfg_attr(
-    not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
-    allow(dead_code)
-)]
-const SAMPLE_MAX_NANOS: u64 = 100_000_000;
+    /// A longer rate sample is thrown away (it is more likely to span a suspend).
+    pub(super) const SAMPLE_MAX_NANOS: u64 = 100_000_000;
 
-/// How often the kernel's clock source is read again.
-#[cfg_attr(
-    not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
-    allow(dead_code)
-)]
-const SOURCE_CHECK_NANOS: u64 = 100_000_000;
+    /// How often the kernel's clock source is read again.
+    pub(super) const SOURCE_CHECK_NANOS: u64 = 100_000_000;
 
-/// What an extrapolated reading adds, so that it is never early (see the module documentation).
+    /// What an extrapolated reading adds, so that it is never early (see the module documentation).
+    pub(super) const MARGIN_NANOS: u64 = 50_000;
+}
 #[cfg_attr(
     not(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom))),
-    allow(dead_code)
+    allow(unused_imports)
 )]
-const MARGIN_NANOS: u64 = 50_000;
+use parameters::*;
 
 /// The process-wide origin of [`now_nanos`].
 pub(crate) fn origin() -> Instant {
