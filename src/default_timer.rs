@@ -10,7 +10,7 @@ use crate::error::{BuildError, DefaultTimerError};
 use crate::futures::{Interval, Sleep, Timeout};
 use crate::sync::process::{Mutex, OnceLock};
 use crate::timer::{Builder, Timer};
-use std::future::Future;
+use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 static DEFAULT: OnceLock<Timer> = OnceLock::new();
@@ -119,14 +119,14 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 /// # }
 /// ```
 #[track_caller]
-pub fn timeout<F: Future>(delay: Duration, future: F) -> Timeout<F> {
+pub fn timeout<F: IntoFuture>(delay: Duration, future: F) -> Timeout<F::IntoFuture> {
     default().timeout(delay, future)
 }
 
 /// [`Timer::timeout_at`] on the default timer (`tokio::time::timeout_at`). Panics as [`sleep`]
 /// does.
 #[track_caller]
-pub fn timeout_at<F: Future>(deadline: Instant, future: F) -> Timeout<F> {
+pub fn timeout_at<F: IntoFuture>(deadline: Instant, future: F) -> Timeout<F::IntoFuture> {
     default().timeout_at(deadline, future)
 }
 

@@ -103,6 +103,10 @@ impl Sleep {
     /// with no waker yet: its first pending poll replaces the timer with one for its waker.
     pub(crate) fn armed(engine: &Arc<Engine>, deadline: Instant) -> Result<Sleep, ScheduleError> {
         let mut sleep = Sleep::new(engine, deadline);
+        if engine.clock.clock().now() >= deadline {
+            sleep.elapsed = true;
+            return Ok(sleep);
+        }
         match sleep.arm(Waker::noop()) {
             Poll::Ready(Err(error)) => Err(error),
             Poll::Ready(Ok(())) | Poll::Pending => Ok(sleep),
@@ -210,10 +214,12 @@ impl Sleep {
                 this.elapsed = true;
                 Poll::Ready(Ok(()))
             }
-            // Only shutdown cancels a sleep's timer from the outside.
+            // Only shutdown, or the failure of its shard, cancels a sleep's timer from the
+            // outside.
             TimerState::Cancelled => {
+                let error = armed.timer.shard.closed_error();
                 this.armed = None;
-                Poll::Ready(Err(ScheduleError::Shutdown))
+                Poll::Ready(Err(error))
             }
         }
     }

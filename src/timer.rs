@@ -12,7 +12,7 @@ use crate::stats::Stats;
 use crate::sync::{Arc, registry};
 use crate::task::Task;
 use crate::wheel::DEFAULT_LEVELS;
-use std::future::Future;
+use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 fn nanos(duration: Duration) -> u64 {
@@ -258,24 +258,31 @@ impl Timer {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn timeout<F: Future>(&self, delay: Duration, future: F) -> Timeout<F> {
-        Timeout::new(future, self.sleep(delay))
+    pub fn timeout<F: IntoFuture>(&self, delay: Duration, future: F) -> Timeout<F::IntoFuture> {
+        Timeout::new(future.into_future(), self.sleep(delay))
     }
 
     /// Runs `future` with a deadline at `deadline` (`tokio::time::timeout_at`).
-    pub fn timeout_at<F: Future>(&self, deadline: Instant, future: F) -> Timeout<F> {
-        Timeout::new(future, self.sleep_until(deadline))
+    pub fn timeout_at<F: IntoFuture>(
+        &self,
+        deadline: Instant,
+        future: F,
+    ) -> Timeout<F::IntoFuture> {
+        Timeout::new(future.into_future(), self.sleep_until(deadline))
     }
 
     /// Like [`timeout_at`](Self::timeout_at), but schedules the deadline's timer now and
     /// returns the error if the engine cannot keep it (see
     /// [`try_sleep_until`](Self::try_sleep_until)).
-    pub fn try_timeout_at<F: Future>(
+    pub fn try_timeout_at<F: IntoFuture>(
         &self,
         deadline: Instant,
         future: F,
-    ) -> Result<Timeout<F>, ScheduleError> {
-        Ok(Timeout::new(future, self.try_sleep_until(deadline)?))
+    ) -> Result<Timeout<F::IntoFuture>, ScheduleError> {
+        Ok(Timeout::new(
+            future.into_future(),
+            self.try_sleep_until(deadline)?,
+        ))
     }
 
     /// An [`Interval`] ticking every `period`, the first tick at once

@@ -305,11 +305,33 @@ fn a_dead_shard_is_reported() {
             })
             .unwrap()
     };
+    // A task awaiting an hour-long sleep on that shard: woken by the failure, with the error.
+    let (sleep_tx, sleep_rx) = mpsc::channel();
+    let awaiting = {
+        let sleep = timer.sleep(Duration::from_secs(3600));
+        std::thread::spawn(move || {
+            let mut sleep = std::pin::pin!(sleep);
+            let outcome = futures::executor::block_on(std::future::poll_fn(|cx| {
+                sleep.as_mut().poll_sleep(cx)
+            }));
+            sleep_tx.send(outcome).unwrap();
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(3), || timer.stats().pending == 2),
+        "the sleep did not register"
+    );
     shardwheel::test_hooks::kill_shard_thread(&timer, 0);
     assert!(
         wait_until(Duration::from_secs(3), || timer.stats().failed_shards == 1),
         "the dead shard is not reported"
     );
+    assert_eq!(
+        sleep_rx.recv_timeout(Duration::from_secs(3)),
+        Ok(Err(ScheduleError::ShardFailed)),
+        "a sleep on the dead shard is not woken with the error"
+    );
+    awaiting.join().unwrap();
     let stats = timer.stats();
     assert!(stats.shards[0].failed);
     assert!(!timer.is_shut_down());

@@ -19,7 +19,7 @@ pub(crate) enum Message {
     },
     /// The timer in slot `index` was cancelled: drop its task and links now, if the shard
     /// still holds them (a repeating timer cancelled during a run is ended by its `Rearm`,
-    /// which may come first: see "Who counts a timer's end" in `slot.rs`).
+    /// which may come first: see "Who counts a timer's end" in `engine/slot/mod.rs`).
     Cancel {
         /// Slot of the cancelled timer.
         index: u32,

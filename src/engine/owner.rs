@@ -156,7 +156,7 @@ impl ShardOwner {
             Message::Cancel { index, generation } => {
                 // Checked against the slot as it is now: a repeating timer cancelled during a
                 // run may have been ended by its `Rearm` already, and the entry table given
-                // back since (see "Who counts a timer's end" in `slot.rs`).
+                // back since (see "Who counts a timer's end" in `engine/slot/mod.rs`).
                 if !self.shared.slots.cancel_awaits_let_go(index, generation) {
                     return;
                 }
@@ -221,7 +221,7 @@ impl ShardOwner {
                 mut task,
             } => {
                 // The slot decides, in one transition, whether the run ends and who counts
-                // the end (see "Who counts a timer's end" in `slot.rs`).
+                // the end (see "Who counts a timer's end" in `engine/slot/mod.rs`).
                 let end = self.shared.slots.finish_run(index, task.is_some());
                 if end == RunEnd::Stale {
                     handoff.dropped.extend(task);
@@ -421,6 +421,27 @@ impl ShardOwner {
         let now = clock.now_tick();
         owner.reclaim_idle_memory(now);
         Some(Turn { drained, ran, now })
+    }
+
+    /// After this shard's thread failed: cancels the timers of the engine's own `Sleep`
+    /// wake-ups and hands their tasks to `handoff.inline`, so that every awaiting task is woken
+    /// and learns of the failure (`ScheduleError::ShardFailed`) instead of hanging until a
+    /// `shutdown` that may never come. Other timers stay for `shutdown` to return. Touches only
+    /// the entries' tasks and the slots (the wheel may be mid-change).
+    pub(crate) fn wake_sleeps_after_failure(&mut self, handoff: &mut Handoff) {
+        let shared = self.shared.clone();
+        for (index, entry) in self.entries.0.iter_mut().enumerate() {
+            if !entry.task.as_ref().is_some_and(Task::runs_inline) {
+                continue;
+            }
+            let index = index as u32;
+            if shared.slots.cancel_for_shutdown(index) {
+                shared.count_cancelled(1);
+                handoff.inline.extend(entry.task.take());
+                self.live -= 1;
+                shared.slots.let_go(index);
+            }
+        }
     }
 
     /// Shutdown of this shard, after its inbox was closed and no thread drives it any more:

@@ -94,8 +94,9 @@ impl ShardShared {
         self.inbox.close();
     }
 
-    /// Why a schedule found the inbox closed: the engine was shut down, or the shard failed.
-    fn closed_error(&self) -> ScheduleError {
+    /// Why a schedule found the inbox closed (or a sleep found its timer cancelled from
+    /// outside): the engine was shut down, or the shard failed.
+    pub(crate) fn closed_error(&self) -> ScheduleError {
         if self.has_failed() {
             ScheduleError::ShardFailed
         } else {

@@ -127,6 +127,19 @@ fn run(
             shared.fail();
             // Mid-hand-off, the owner waits in PARKED_OWNER (unless shutdown took it).
             let parked = owner.take().or_else(|| take_parked_owner(&shared));
+            let parked = parked.map(|mut parked| {
+                // Apply what was delivered first (the failure may have come before the turn
+                // drained it): a sleep registered just before must be woken too. A second
+                // panic here leaves the rest to `shutdown`.
+                let drained = catch_unwind(AssertUnwindSafe(|| {
+                    while parked.drain_inbox(&mut handoff) > 0 {}
+                }));
+                if let Err(payload) = drained {
+                    super::executor::drop_uncounted(payload);
+                }
+                parked.wake_sleeps_after_failure(&mut handoff);
+                parked
+            });
             owner = match parked {
                 Some(parked) => hand_off(parked, &mut handoff, &dispatch),
                 None => {
