@@ -695,20 +695,26 @@ fn relocate_vs_expiry() {
                 "ran before a successful reset's deadline"
             );
         }
-        let second = Arc::new(AtomicUsize::new(0));
-        {
-            let second = second.clone();
-            timer
-                .schedule(MILLISECOND, move || {
-                    second.fetch_add(1, Ordering::SeqCst);
-                })
-                .unwrap();
-        }
-        clock.advance(2 * MILLISECOND);
-        assert_eq!(second.load(Ordering::SeqCst), 1, "the reused slot's timer");
+        assert_a_new_timer_fires(&timer, &clock, "the reused slot's timer");
         let stats = timer.stats();
         assert_eq!((stats.pending, stats.fired), (0, 2), "{stats:?}");
     });
+}
+
+/// Schedules a timer 1 ms ahead, advances `clock` past it and asserts that it ran once: the
+/// shard still works (and a reused slot serves a new timer).
+fn assert_a_new_timer_fires(timer: &Timer, clock: &Clock, what: &str) {
+    let ran = Arc::new(AtomicUsize::new(0));
+    {
+        let ran = ran.clone();
+        timer
+            .schedule(MILLISECOND, move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            })
+            .unwrap();
+    }
+    clock.advance(2 * MILLISECOND);
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "{what}");
 }
 
 /// Model 12 (c): a repeating timer cancelled during its run by a thread that is descheduled
@@ -737,17 +743,7 @@ fn late_cancel_vs_entry_table_release() {
         assert!(canceller.join().unwrap(), "a repeating timer stays pending");
         clock.advance(MILLISECOND); // A late Cancel is applied here.
         assert_eq!(drops.load(Ordering::SeqCst), 1, "task not dropped once");
-        let later = Arc::new(AtomicUsize::new(0));
-        {
-            let later = later.clone();
-            timer
-                .schedule(MILLISECOND, move || {
-                    later.fetch_add(1, Ordering::SeqCst);
-                })
-                .unwrap();
-        }
-        clock.advance(2 * MILLISECOND);
-        assert_eq!(later.load(Ordering::SeqCst), 1, "the shard stopped working");
+        assert_a_new_timer_fires(&timer, &clock, "the shard stopped working");
         let stats = timer.stats();
         assert_eq!(
             (stats.pending, stats.fired, stats.cancelled),

@@ -428,6 +428,7 @@ impl ShardOwner {
     /// and learns of the failure (`ScheduleError::ShardFailed`) instead of hanging until a
     /// `shutdown` that may never come. Other timers stay for `shutdown` to return. Touches only
     /// the entries' tasks and the slots (the wheel may be mid-change).
+    #[cfg_attr(shardwheel_loom, allow(dead_code))] // Under loom the worker lets a panic through.
     pub(crate) fn wake_sleeps_after_failure(&mut self, handoff: &mut Handoff) {
         let shared = self.shared.clone();
         for (index, entry) in self.entries.0.iter_mut().enumerate() {
