@@ -1,11 +1,9 @@
 //! The user's side of a timer: [`TimerHandle`].
 
-use super::message::Message;
-use super::placement::counter_stripe;
 use super::shared::ShardShared;
-use super::slot::{LazyReset, ResetOutcome, TimerState};
+use super::slot::TimerState;
 use crate::error::ScheduleError;
-use crate::sync::{Arc, thread};
+use crate::sync::Arc;
 use crate::task::Task;
 use std::fmt;
 use std::time::{Duration, Instant};
@@ -41,21 +39,7 @@ impl TimerHandle {
     /// it already fired, or was cancelled before (by any handle, or by shutdown). O(1); the
     /// task and bookkeeping are dropped by the owning shard at its next turn.
     pub fn cancel(&self) -> bool {
-        let shard = &*self.shard;
-        if !shard.slots.cancel(self.index, self.generation) {
-            return false;
-        }
-        shard.count_cancelled(1);
-        #[cfg(feature = "test-hooks")]
-        cancel_hook::after_cancel_transition();
-        shard.send(
-            Message::Cancel {
-                index: self.index,
-                generation: self.generation,
-            },
-            u64::MAX,
-        );
-        true
+        self.shard.cancel(self.index, self.generation)
     }
 
     /// Moves the deadline to `delay` from now (earlier or later). Returns true iff the timer
@@ -78,47 +62,7 @@ impl TimerHandle {
     }
 
     pub(crate) fn reset_to_tick(&self, deadline: u64) -> bool {
-        let shard = &*self.shard;
-        match shard
-            .slots
-            .reset_lazy(self.index, self.generation, deadline)
-        {
-            LazyReset::NotPending => return false,
-            LazyReset::Done { earlier } => {
-                shard.counters.count_reset(counter_stripe());
-                if earlier {
-                    let message = Message::Relocate {
-                        index: self.index,
-                        generation: self.generation,
-                    };
-                    shard.send(message, deadline);
-                }
-                return true;
-            }
-            // Its task must learn of the reset: the shard applies it.
-            LazyReset::Repeating => {}
-        }
-        loop {
-            match shard.slots.reset(self.index, self.generation) {
-                ResetOutcome::Accepted => break,
-                ResetOutcome::NotPending => return false,
-                ResetOutcome::Busy => {
-                    // 2^18 - 1 resets of this timer are in flight: let the shard catch up.
-                    if shard.inbox.is_closed() {
-                        return false;
-                    }
-                    shard.inbox.wake();
-                    thread::yield_now();
-                }
-            }
-        }
-        let message = Message::Reset {
-            index: self.index,
-            generation: self.generation,
-            deadline,
-        };
-        shard.send(message, deadline);
-        true
+        self.shard.reset(self.index, self.generation, deadline)
     }
 
     /// The timer's state now.

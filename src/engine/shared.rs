@@ -5,11 +5,12 @@
 use super::executor::drop_contained;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
-use super::slot::SlotTable;
+use super::placement::counter_stripe;
+use super::slot::{LazyReset, ResetOutcome, SlotTable};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::ShardCounters;
-use crate::sync::{Arc, AtomicUsize, Ordering};
+use crate::sync::{Arc, AtomicUsize, Ordering, thread};
 use crate::task::Task;
 use crossbeam_utils::CachePadded;
 
@@ -174,6 +175,57 @@ impl ShardShared {
                 Err(error)
             }
         }
+    }
+
+    /// Cancels timer `(index, generation)` of this shard: true iff this call prevented its task
+    /// from running ([`TimerHandle::cancel`](super::handle::TimerHandle::cancel) documents it).
+    pub(crate) fn cancel(&self, index: u32, generation: u32) -> bool {
+        if !self.slots.cancel(index, generation) {
+            return false;
+        }
+        self.count_cancelled(1);
+        #[cfg(feature = "test-hooks")]
+        super::handle::cancel_hook::after_cancel_transition();
+        self.send(Message::Cancel { index, generation }, u64::MAX);
+        true
+    }
+
+    /// Moves timer `(index, generation)` to tick `deadline`: true iff it was still pending
+    /// ([`TimerHandle::reset`](super::handle::TimerHandle::reset) documents it).
+    pub(crate) fn reset(&self, index: u32, generation: u32, deadline: u64) -> bool {
+        match self.slots.reset_lazy(index, generation, deadline) {
+            LazyReset::NotPending => return false,
+            LazyReset::Done { earlier } => {
+                self.counters.count_reset(counter_stripe());
+                if earlier {
+                    self.send(Message::Relocate { index, generation }, deadline);
+                }
+                return true;
+            }
+            // Its task must learn of the reset: the shard applies it.
+            LazyReset::Repeating => {}
+        }
+        loop {
+            match self.slots.reset(index, generation) {
+                ResetOutcome::Accepted => break,
+                ResetOutcome::NotPending => return false,
+                ResetOutcome::Busy => {
+                    // 2^18 - 1 resets of this timer are in flight: let the shard catch up.
+                    if self.inbox.is_closed() {
+                        return false;
+                    }
+                    self.inbox.wake();
+                    thread::yield_now();
+                }
+            }
+        }
+        let message = Message::Reset {
+            index,
+            generation,
+            deadline,
+        };
+        self.send(message, deadline);
+        true
     }
 
     /// Gives back `count` places of the `max_pending` limit, if there is one.
