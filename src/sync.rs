@@ -25,6 +25,33 @@ pub(crate) use loom::thread_local;
 #[cfg(not(shardwheel_loom))]
 pub(crate) use std::thread_local;
 
+/// Interior mutability whose accesses loom checks (`with` for reading, `with_mut` for
+/// writing, through raw pointers); plain `std::cell::UnsafeCell` otherwise.
+#[cfg(shardwheel_loom)]
+pub(crate) use loom::cell::UnsafeCell;
+
+/// `std::cell::UnsafeCell` with loom's access API (see the loom variant).
+#[cfg(not(shardwheel_loom))]
+#[derive(Debug)]
+pub(crate) struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(shardwheel_loom))]
+impl<T> UnsafeCell<T> {
+    pub(crate) fn new(value: T) -> UnsafeCell<T> {
+        UnsafeCell(std::cell::UnsafeCell::new(value))
+    }
+
+    #[inline]
+    pub(crate) fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    #[inline]
+    pub(crate) fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
 /// Set-once cell. Only used to publish a shard thread's handle before that thread first parks,
 /// which the inbox's signal word already orders, so loom need not see it.
 pub(crate) use std::sync::OnceLock;

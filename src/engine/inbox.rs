@@ -43,8 +43,9 @@ const MESSAGE_ONE: u64 = 1 << MESSAGE_SHIFT;
 /// Undrained messages past which submitters yield to the shard.
 const BACKLOG_LIMIT: u64 = 64 * 1024;
 
-/// How long a shard that just processed messages sleeps at most before looking again.
-pub(crate) const DRAIN_INTERVAL: Duration = Duration::from_millis(1);
+/// How long a shard that just processed messages sleeps at most before looking again: also
+/// how long a timer may wait in a [stage](super::stage) (and be cancelled there for free).
+pub(crate) const DRAIN_INTERVAL: Duration = Duration::from_millis(10);
 
 /// What a push found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,6 +165,26 @@ impl Inbox {
         PushOutcome::Delivered
     }
 
+    /// After a producer published a cell on a [stage](super::stage) (with a fence: Dekker with
+    /// [`park`](Self::park)): wakes the shard if it sleeps past `deadline_tick`, sleeps long,
+    /// or the stage is `half_full`. Reports a closed inbox like [`push`](Self::push).
+    pub(crate) fn staged(&self, deadline_tick: u64, half_full: bool) -> PushOutcome {
+        let old = self.signal.load(Ordering::Acquire);
+        if old & CLOSED != 0 {
+            return PushOutcome::Closed {
+                drained: old & DRAINED != 0,
+            };
+        }
+        if old & PARKED != 0
+            && (half_full
+                || old & LONG != 0
+                || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
+        {
+            self.wake();
+        }
+        PushOutcome::Delivered
+    }
+
     /// Wakes the shard if it is parked.
     pub(crate) fn wake(&self) {
         if self.signal.fetch_and(!(PARKED | LONG), Ordering::AcqRel) & PARKED != 0 {
@@ -187,12 +208,15 @@ impl Inbox {
     }
 
     /// Parks the shard until `wake_tick` (which `timeout` measures from now; `None` = no
-    /// deadline), unless messages are counted that the shard has not [`consumed`](Self::consumed).
+    /// deadline), unless messages are counted that the shard has not [`consumed`](Self::consumed),
+    /// or `staged_due(wake_tick)`, asked once the shard is marked parked, finds a staged timer
+    /// due before then (see [`stage`](super::stage)).
     pub(crate) fn park(
         &self,
         wake_tick: u64,
         timeout: Option<Duration>,
         long: bool,
+        staged_due: impl FnOnce(u64) -> bool,
     ) -> ParkOutcome {
         self.wake_tick.store(wake_tick, Ordering::Relaxed);
         let flags = if long { PARKED | LONG } else { PARKED };
@@ -204,7 +228,9 @@ impl Inbox {
             if current & !FLAGS != 0 {
                 return ParkOutcome::MessagesWaiting;
             }
-            match self.signal.compare_exchange_weak(
+            // The fence: Dekker with a stage's producer (`staged`).
+            match crate::sync::compare_exchange_weak_then_fence(
+                &self.signal,
                 current,
                 current | flags,
                 Ordering::AcqRel,
@@ -213,6 +239,10 @@ impl Inbox {
                 Ok(_) => break,
                 Err(actual) => current = actual,
             }
+        }
+        if staged_due(wake_tick) {
+            self.signal.fetch_and(!(PARKED | LONG), Ordering::AcqRel);
+            return ParkOutcome::MessagesWaiting;
         }
         self.parker.park(timeout);
         self.signal.fetch_and(!(PARKED | LONG), Ordering::AcqRel);

@@ -26,6 +26,7 @@ pub(crate) mod placement;
 pub(crate) mod reclaim;
 pub(crate) mod shared;
 pub(crate) mod slot;
+pub(crate) mod stage;
 pub(crate) mod timer_engine;
 pub(crate) mod worker;
 

@@ -8,7 +8,8 @@ use super::handoff::{self, Handoff, RepeatingRun, UnfiredTimer};
 use super::message::Message;
 use super::reclaim::{IdleReclaim, KEPT_ENTRIES};
 use super::shared::ShardShared;
-use super::slot::{FireOutcome, RunEnd, Slot, SlotTable};
+use super::slot::{Adoption, FireOutcome, RunEnd, Slot, SlotTable};
+use super::stage::{StageList, Staged};
 use crate::stats::LocalLateness;
 use crate::sync::Arc;
 use crate::task::Task;
@@ -102,6 +103,8 @@ pub(crate) struct ShardOwner {
     live: usize,
     /// When to give idle memory back.
     reclaim: IdleReclaim,
+    /// The shard's stages, as far as the owner has seen them register.
+    stages: StageList,
     fired: u64,
     reset: u64,
     lateness: LocalLateness,
@@ -115,6 +118,7 @@ impl ShardOwner {
             entries: Entries(Vec::new()),
             live: 0,
             reclaim: IdleReclaim::new(),
+            stages: StageList::default(),
             fired: 0,
             reset: 0,
             lateness: LocalLateness::new(),
@@ -133,6 +137,53 @@ impl ShardOwner {
             self.apply(message, handoff);
         }
         drained
+    }
+
+    /// Adopts up to [`DRAIN_BATCH`] staged timers (see [`stage`](super::stage)); returns how
+    /// many there were. `wait`: wait for a stage whose consumer role is held elsewhere, rather
+    /// than leave it to its holder.
+    pub(crate) fn drain_stages(&mut self, handoff: &mut Handoff, wait: bool) -> usize {
+        let shared = self.shared.clone();
+        let mut stages = std::mem::take(&mut self.stages);
+        let drained = stages.drain(&shared.stages, DRAIN_BATCH, wait, |staged| {
+            self.adopt(staged, handoff);
+        });
+        self.stages = stages;
+        drained
+    }
+
+    /// Whether a staged timer is due before tick `tick` (asked before the worker sleeps).
+    pub(crate) fn staged_due_before(&mut self, tick: u64) -> bool {
+        let shared = self.shared.clone();
+        self.stages.due_before(&shared.stages, tick)
+    }
+
+    fn adopt(&mut self, staged: Staged, handoff: &mut Handoff) {
+        let Staged {
+            index,
+            generation,
+            task,
+            ..
+        } = staged;
+        match self.shared.slots.adopt(index, generation) {
+            Adoption::Pending => {
+                let slot = self.ensure_entry(index);
+                let entry = &mut self.entries.0[slot];
+                debug_assert!(
+                    entry.task.is_none() && !entry.links.is_linked(),
+                    "slot {index} adopted while occupied"
+                );
+                entry.task = Some(task);
+                self.live += 1;
+                // Read after the adoption: a handle may have moved it since the cell was
+                // written (earlier: its `Relocate` finds the entry linked, or was applied
+                // before and ignored; either way this read sees the new deadline).
+                let deadline = self.shared.slots.deadline(index);
+                let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                self.wheel.insert(&mut store, index, deadline);
+            }
+            Adoption::Cancelled => handoff.dropped.push(task),
+        }
     }
 
     fn apply(&mut self, message: Message, handoff: &mut Handoff) {
@@ -401,8 +452,9 @@ impl ShardOwner {
         let owner = hold.owner()?;
         let shared = owner.shared.clone();
         let clock = &shared.clock;
-        let drained = owner.drain_inbox(handoff);
-        shared.inbox.consumed(drained);
+        let messages = owner.drain_inbox(handoff);
+        shared.inbox.consumed(messages);
+        let drained = messages.max(owner.drain_stages(handoff, false));
         let spill_every = if spill {
             dispatch.spill_every()
         } else {
@@ -455,9 +507,10 @@ impl ShardOwner {
             "closing a shard whose inbox is open"
         );
         let mut handoff = Handoff::default();
-        while self.drain_inbox(&mut handoff) > 0 {}
+        while self.drain_inbox(&mut handoff) + self.drain_stages(&mut handoff, true) > 0 {}
         self.shared.inbox.mark_drained();
-        while self.drain_inbox(&mut handoff) > 0 {}
+        // Stages whose producer saw DRAINED are that producer's to drain (see `stage`).
+        while self.drain_inbox(&mut handoff) + self.drain_stages(&mut handoff, false) > 0 {}
         // The count no longer matters: nothing parks on this inbox again.
         let shared = self.shared.clone();
         let mut unfired = Vec::new();
@@ -521,11 +574,11 @@ mod tests {
         let mut handles: Vec<TimerHandle> = (0..count)
             .map(|_| TimerHandle::submit(&shared, 1_000_000, Task::new(|| {})).unwrap())
             .collect();
-        while owner.drain_inbox(&mut handoff) > 0 {}
+        while owner.drain_inbox(&mut handoff) + owner.drain_stages(&mut handoff, true) > 0 {}
         for handle in &handles {
             assert!(handle.cancel());
         }
-        while owner.drain_inbox(&mut handoff) > 0 {}
+        while owner.drain_inbox(&mut handoff) + owner.drain_stages(&mut handoff, true) > 0 {}
         assert_eq!(owner.live, 0);
         let held = handles.pop().unwrap();
         drop(handles);

@@ -6,7 +6,8 @@ use super::executor::drop_contained;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
 use super::placement::counter_stripe;
-use super::slot::{LazyReset, ResetOutcome, SlotTable};
+use super::slot::{Adoption, LazyReset, ResetOutcome, SlotTable};
+use super::stage::{Staged, Stages};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::ShardCounters;
@@ -56,6 +57,8 @@ pub(crate) struct ShardShared {
     /// handle) off the line of the page table that every slot access reads.
     pub(crate) slots: CachePadded<SlotTable>,
     pub(crate) inbox: Inbox,
+    /// New one-shot timers on their way to the owner, one ring per submitting thread.
+    pub(crate) stages: Stages,
     pub(crate) clock: TickClock,
     pub(crate) counters: ShardCounters,
     pub(crate) limit: Option<Arc<PendingLimit>>,
@@ -70,6 +73,7 @@ impl ShardShared {
         ShardShared {
             slots: CachePadded::new(SlotTable::new()),
             inbox: Inbox::new(),
+            stages: Stages::new(),
             clock,
             counters: ShardCounters::new(),
             limit,
@@ -138,55 +142,88 @@ impl ShardShared {
             }
             return refuse(task, ScheduleError::Full);
         };
-        self.slots
-            .begin(index, generation, deadline, task.is_repeating());
         self.counters
             .scheduled
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Not `send`: a schedule that finds the inbox closed settles the race first.
-        match self.inbox.push(
-            Message::Schedule {
-                index,
-                deadline,
-                task,
-            },
-            deadline,
-        ) {
-            PushOutcome::Delivered => Ok((index, generation)),
-            PushOutcome::Closed { drained } => {
-                // Shutdown raced us. Whoever moves the timer out of PENDING first decides:
-                // us (the schedule is rejected, undone, its task dropped unrun) or the
-                // shard's last sweep (the timer is among those `shutdown()` returns).
-                if !self.slots.cancel(index, generation) {
-                    return Ok((index, generation));
-                }
-                self.counters
-                    .scheduled
-                    .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-                if let Some(limit) = &self.limit {
-                    limit.give_back(1);
-                }
-                if drained {
-                    self.discard_late_messages();
-                }
-                let error = self.closed_error();
-                // No handle is made: let go of the one the slot counts.
-                self.slots.drop_handle(index);
-                Err(error)
+        let outcome = match self.stage(index, generation, deadline, task) {
+            Ok(outcome) => outcome,
+            Err(task) => {
+                self.slots
+                    .begin(index, generation, deadline, task.is_repeating());
+                // Not `send`: a schedule that finds the inbox closed settles the race first.
+                self.inbox.push(
+                    Message::Schedule {
+                        index,
+                        deadline,
+                        task,
+                    },
+                    deadline,
+                )
             }
+        };
+        let PushOutcome::Closed { drained } = outcome else {
+            return Ok((index, generation));
+        };
+        // Shutdown raced us. Whoever moves the timer out of PENDING first decides: us (the
+        // schedule is rejected, undone, its task dropped unrun) or the shard's last sweep (the
+        // timer is among those `shutdown()` returns).
+        if !self.slots.cancel(index, generation) {
+            return Ok((index, generation));
+        }
+        self.counters
+            .scheduled
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(limit) = &self.limit {
+            limit.give_back(1);
+        }
+        let error = self.closed_error();
+        // No handle is made: let go of the one the slot counts.
+        self.slots.drop_handle(index);
+        if drained {
+            self.discard_late_messages();
+        }
+        Err(error)
+    }
+
+    /// Hands a new one-shot timer to the owner through this thread's
+    /// [stage](super::stage): the slot is published STAGED, then the cell. Gives the task back
+    /// if it must take the inbox instead (repeating, or the stage is full or out of reach).
+    fn stage(
+        &self,
+        index: u32,
+        generation: u32,
+        deadline: u64,
+        task: Task,
+    ) -> Result<PushOutcome, Task> {
+        if task.is_repeating() {
+            return Err(task);
+        }
+        self.slots.begin_staged(index, generation, deadline);
+        let staged = Staged {
+            index,
+            generation,
+            deadline,
+            task,
+        };
+        match self.stages.push(staged) {
+            Ok(half_full) => Ok(self.inbox.staged(deadline, half_full)),
+            Err(staged) => Err(staged.task),
         }
     }
 
     /// Cancels timer `(index, generation)` of this shard: true iff this call prevented its task
     /// from running ([`TimerHandle::cancel`](super::handle::TimerHandle::cancel) documents it).
     pub(crate) fn cancel(&self, index: u32, generation: u32) -> bool {
-        if !self.slots.cancel(index, generation) {
+        let Some(staged) = self.slots.cancel_staged(index, generation) else {
             return false;
-        }
+        };
         self.count_cancelled(1);
         #[cfg(feature = "test-hooks")]
         super::handle::cancel_hook::after_cancel_transition();
-        self.send(Message::Cancel { index, generation }, u64::MAX);
+        // A staged timer's shard finds out when it adopts it: no message.
+        if !staged {
+            self.send(Message::Cancel { index, generation }, u64::MAX);
+        }
         true
     }
 
@@ -210,7 +247,7 @@ impl ShardShared {
                 ResetOutcome::Accepted => break,
                 ResetOutcome::NotPending => return false,
                 ResetOutcome::Busy => {
-                    // 2^18 - 1 resets of this timer are in flight: let the shard catch up.
+                    // 2^17 - 1 resets of this timer are in flight: let the shard catch up.
                     if self.inbox.is_closed() {
                         return false;
                     }
@@ -262,6 +299,17 @@ impl ShardShared {
     /// it belongs to rejected schedules or to timers shutdown already settled). The tasks in
     /// them are dropped contained.
     pub(crate) fn discard_late_messages(&self) {
+        // This thread's stage, which the shard no longer drains: its timers were all settled
+        // by this thread (cancelled: the shard's last sweep is over).
+        self.stages.drain_own(|staged| {
+            let adoption = self.slots.adopt(staged.index, staged.generation);
+            debug_assert_eq!(
+                adoption,
+                Adoption::Cancelled,
+                "a timer staged after the last drain is pending"
+            );
+            drop_contained(&self.counters, staged.task);
+        });
         while let Some(message) = self.inbox.pop() {
             // The shard will never apply these: end the repeating timers they hand back.
             if let Message::Rearm { index, .. } = message

@@ -132,7 +132,9 @@ fn run(
                 // drained it): a sleep registered just before must be woken too. A second
                 // panic here leaves the rest to `shutdown`.
                 let drained = catch_unwind(AssertUnwindSafe(|| {
-                    while parked.drain_inbox(&mut handoff) > 0 {}
+                    while parked.drain_inbox(&mut handoff) + parked.drain_stages(&mut handoff, true)
+                        > 0
+                    {}
                 }));
                 if let Err(payload) = drained {
                     super::executor::drop_uncounted(payload);
@@ -204,7 +206,11 @@ fn turns(slot: &mut Option<ShardOwner>, handoff: &mut Handoff, dispatch: &Dispat
             (next, next > drain_tick)
         };
         active = false;
-        match shared.inbox.park(wake, clock.until_tick(wake), long) {
+        let staged_due = |tick| owner.staged_due_before(tick);
+        match shared
+            .inbox
+            .park(wake, clock.until_tick(wake), long, staged_due)
+        {
             ParkOutcome::Closed => return,
             // Counted but not in the queue yet: its pusher is between push and count.
             ParkOutcome::MessagesWaiting if drained == 0 => thread::yield_now(),

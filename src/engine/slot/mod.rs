@@ -50,7 +50,10 @@
 //! | from                      | event (by whom)                         | to                               |
 //! |---------------------------|-----------------------------------------|----------------------------------|
 //! | FREE                      | allocate + [`begin`] (submitter)        | PENDING, SHARD, 1 handle         |
-//! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message)|
+//! | FREE                      | allocate + [`begin_staged`] (submitter, one-shot) | PENDING, SHARD, STAGED, 1 handle |
+//! | PENDING, STAGED           | [`adopt`] (shard, at the stage's cell)  | STAGED cleared: the shard holds it |
+//! | CANCELLED, STAGED         | [`adopt`] (shard, at the stage's cell)  | STAGED and SHARD cleared (task dropped) |
+//! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message, unless STAGED: it finds out at [`adopt`]) |
 //! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | unchanged (deadline swapped)     |
 //! | PENDING, repeating        | [`reset`] (any thread)                  | PENDING, resets + 1              |
 //! | any occupied, repeating   | [`reset_applied`] (shard)               | resets - 1                       |
@@ -87,8 +90,11 @@
 //! | [`finish_run`] -> FIRED ([`RunEnd::Stopped`]: the task stopped or panicked) | the shard | the shard: `fired` |
 //! | [`end_run_after_shutdown`] -> CANCELLED (returns true) | the runner of a late `Rearm` | the runner: `cancelled` |
 //!
+//! A staged timer cancelled before its shard adopted it ends like any other cancelled timer
+//! (its canceller counts it); [`adopt`] only lets go of it and counts nothing.
+//!
 //! The shard's `live` count of entries it holds follows `SHARD` instead: one more when a
-//! `Schedule` is stored, one less when the shard lets go of the entry (a one-shot fire, a
+//! `Schedule` is stored or a staged timer adopted, one less when the shard lets go of the entry (a one-shot fire, a
 //! `Cancel` that finds the task, a `Rearm` that ends the run).
 //!
 //! Messages are validated against the slot's word when applied, never assumed current: those
@@ -101,6 +107,8 @@
 //! touches no entry.
 //!
 //! [`begin`]: SlotTable::begin
+//! [`begin_staged`]: SlotTable::begin_staged
+//! [`adopt`]: SlotTable::adopt
 //! [`cancel`]: SlotTable::cancel
 //! [`reset_lazy`]: SlotTable::reset_lazy
 //! [`reset`]: SlotTable::reset
@@ -157,6 +165,15 @@ pub enum TimerState {
     /// Its deadline passed and its task was handed to run (it may still be running).
     Expired,
     /// It was cancelled (by a handle, or by shutdown); its task will never run.
+    Cancelled,
+}
+
+/// What [`SlotTable::adopt`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Adoption {
+    /// Pending: the shard holds it now and stores it in its wheel.
+    Pending,
+    /// Cancelled while staged: the shard has let go of it; drop its task.
     Cancelled,
 }
 
@@ -332,12 +349,57 @@ impl SlotTable {
     /// Publishes a freshly allocated slot as a pending timer with one handle, due at tick
     /// `deadline`.
     pub(crate) fn begin(&self, index: u32, generation: u32, deadline: u64, repeating: bool) {
+        self.begin_with(
+            index,
+            generation,
+            deadline,
+            if repeating { REPEATING } else { 0 },
+        );
+    }
+
+    /// Like [`begin`](Self::begin) for a one-shot timer that goes through a
+    /// [stage](crate::engine::stage): STAGED until its shard [adopts](Self::adopt) it. Until
+    /// the stage's cell is published nobody else knows the slot, so [`begin`](Self::begin)
+    /// may still overwrite this if the stage is full.
+    pub(crate) fn begin_staged(&self, index: u32, generation: u32, deadline: u64) {
+        self.begin_with(index, generation, deadline, STAGED);
+    }
+
+    fn begin_with(&self, index: u32, generation: u32, deadline: u64, flags: u64) {
         let slot = self.slot(index);
         slot.deadline.store(deadline, Ordering::Relaxed);
-        let repeating = if repeating { REPEATING } else { 0 };
-        let word =
-            (generation as u64) << GENERATION_SHIFT | HANDLE_ONE | SHARD | repeating | PENDING;
+        let word = (generation as u64) << GENERATION_SHIFT | HANDLE_ONE | SHARD | flags | PENDING;
         slot.state.store(word, Ordering::Release);
+    }
+
+    /// The shard reaches a staged timer's cell: clears STAGED. If the timer is still pending,
+    /// the shard now holds it (and stores it in its wheel at the slot's deadline, read after
+    /// this call); if it was cancelled meanwhile, the shard lets go of it here (its task is
+    /// dropped by the caller), freeing the slot if no handle is left. Nothing is counted: the
+    /// cancel counted the end.
+    pub(crate) fn adopt(&self, index: u32, generation: u32) -> Adoption {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            debug_assert!(
+                generation_of(word) == generation && word & (STAGED | SHARD) == STAGED | SHARD,
+                "slot {index} adopted while not staged: {word:#x}"
+            );
+            let (new, adoption) = if lifecycle_of(word) == PENDING {
+                (word & !STAGED, Adoption::Pending)
+            } else {
+                (word & !(STAGED | SHARD), Adoption::Cancelled)
+            };
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if is_unreferenced(new) {
+                        self.free(index, new);
+                    }
+                    return adoption;
+                }
+                Err(actual) => word = actual,
+            }
+        }
     }
 
     /// The deadline tick of a slot that has been handed out (see the module documentation).
@@ -437,10 +499,18 @@ impl SlotTable {
 
     /// PENDING -> CANCELLED. True iff this call did it (so the task will never run).
     pub(crate) fn cancel(&self, index: u32, generation: u32) -> bool {
+        self.cancel_staged(index, generation).is_some()
+    }
+
+    /// [`cancel`](Self::cancel), telling whether the timer was still STAGED (then its shard
+    /// needs no message: it lets go of the timer when it reaches the stage's cell). `None`:
+    /// this call cancelled nothing.
+    pub(crate) fn cancel_staged(&self, index: u32, generation: u32) -> Option<bool> {
         self.update(index, generation, |word| {
             (lifecycle_of(word) == PENDING).then_some(word & !LIFECYCLE_MASK | CANCELLED)
         })
-        .is_ok()
+        .ok()
+        .map(|(old, _)| old & STAGED != 0)
     }
 
     /// Counts a reset of a pending repeating timer; the caller then sends the reset message.

@@ -2,10 +2,10 @@
 //! moves a slot between them, is in [the slot table's documentation](super).
 //!
 //! ```text
-//!  63          34 33      24 23         6     5         4          3       2       1  0
-//! +--------------+----------+------------+---------+-----------+-----------+-------+---------+
-//! |  generation  | handles  |  resets    | RUNNING | REPEATING | DL_LOCK   | SHARD | lifecyc |
-//! +--------------+----------+------------+---------+-----------+-----------+-------+---------+
+//!  63          34 33      24     23    22        6     5         4          3       2       1  0
+//! +--------------+----------+--------+------------+---------+-----------+---------+-------+---------+
+//! |  generation  | handles  | STAGED |  resets    | RUNNING | REPEATING | DL_LOCK | SHARD | lifecyc |
+//! +--------------+----------+--------+------------+---------+-----------+---------+-------+---------+
 //! |  generation  |  next free slot + 1 (0 = none)                          | FREE=0          |
 //! +--------------+---------------------------------------------------------+-----------------+
 //! ```
@@ -18,6 +18,8 @@
 //! * `RUNNING`: a repeating timer's task is out running; the shard re-arms it afterwards.
 //! * `resets`: repeating timers only: resets that succeeded but whose message the shard has
 //!   not applied yet.
+//! * `STAGED`: the timer waits in a [stage](crate::engine::stage) for its shard to adopt it; the
+//!   shard holds no entry for it yet (`SHARD` stands for the stage's cell, which holds its task).
 //! * `handles`: live [`TimerHandle`](crate::TimerHandle)s; sticky once it reaches its maximum
 //!   (1023), so a timer with that many handle clones keeps its slot forever instead of wrapping.
 //! * A FREE word holds the next slot of the [free list](super::free_list) instead.
@@ -33,7 +35,8 @@ pub(super) const REPEATING: u64 = 1 << 4;
 pub(super) const RUNNING: u64 = 1 << 5;
 const RESET_SHIFT: u32 = 6;
 pub(super) const RESET_ONE: u64 = 1 << RESET_SHIFT;
-pub(super) const RESET_MASK: u64 = ((1 << 18) - 1) << RESET_SHIFT;
+pub(super) const RESET_MASK: u64 = ((1 << 17) - 1) << RESET_SHIFT;
+pub(super) const STAGED: u64 = 1 << 23;
 const HANDLE_SHIFT: u32 = 24;
 pub(super) const HANDLE_ONE: u64 = 1 << HANDLE_SHIFT;
 pub(super) const HANDLE_MASK: u64 = ((1 << 10) - 1) << HANDLE_SHIFT;
