@@ -251,8 +251,24 @@ impl Inbox {
 
     /// Shutdown step 1: no message pushed from now on counts as delivered. Wakes the shard.
     pub(crate) fn close(&self) {
-        self.signal.fetch_or(CLOSED, Ordering::AcqRel);
+        self.set_with_fence(CLOSED);
         self.wake();
+    }
+
+    /// Sets `flag`, then a fence: Dekker with a stage's producer, which publishes its cell,
+    /// fences, then reads the signal ([`staged`](Self::staged)). Either it sees the flag, or
+    /// the shard's drain after this sees its cell.
+    fn set_with_fence(&self, flag: u64) {
+        let mut current = self.signal.load(Ordering::Relaxed);
+        while let Err(actual) = crate::sync::compare_exchange_weak_then_fence(
+            &self.signal,
+            current,
+            current | flag,
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        ) {
+            current = actual;
+        }
     }
 
     /// Whether [`close`](Self::close) was called.
@@ -262,6 +278,6 @@ impl Inbox {
 
     /// Shutdown step 2, after the shard's drain: late pushers clean up after themselves.
     pub(crate) fn mark_drained(&self) {
-        self.signal.fetch_or(DRAINED, Ordering::AcqRel);
+        self.set_with_fence(DRAINED);
     }
 }
