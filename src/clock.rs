@@ -1,8 +1,8 @@
 //! Where time comes from: the system's monotonic clock, or a manual clock that only moves when
 //! a test says so. The wheel itself never reads a clock; shards read this one and pass ticks in.
 
+use crate::sync::AtomicU64;
 use crate::sync::registry::{Arc, Weak};
-use crate::sync::statistics::AtomicU64;
 use crate::sync::{Mutex, lock};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -46,6 +46,8 @@ pub(crate) trait Driven: Send + Sync {
 
 pub(crate) struct ManualTime {
     origin: Instant,
+    /// Loom-visible: [`Clock::now_ordered`]'s argument (a schedule and an `advance` never miss
+    /// each other) rests on the read-modify-writes of this word.
     offset_nanos: AtomicU64,
     driven: Mutex<Vec<Weak<dyn Driven>>>,
 }

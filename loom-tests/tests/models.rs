@@ -752,3 +752,80 @@ fn late_cancel_vs_entry_table_release() {
         );
     });
 }
+
+/// Model 16: a staged timer cancelled from another thread while its shard adopts it (the
+/// cancel needs no message only if the shard has not adopted it yet). Exactly one of {the task
+/// ran, the cancel returned true}; its task is dropped once; the end is counted once; the
+/// slot serves a new timer afterwards.
+#[test]
+fn staged_cancel_vs_adoption() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let drops = Arc::new(AtomicUsize::new(0));
+        let handle = {
+            let (runs, guard) = (runs.clone(), DropCounter(drops.clone()));
+            timer
+                .schedule(2 * MILLISECOND, move || {
+                    let _guard = &guard;
+                    runs.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap()
+        };
+        let canceller = thread::spawn(move || handle.cancel());
+        // Adopts the staged timer (it is not due yet).
+        clock.advance(MILLISECOND);
+        let cancelled = canceller.join().unwrap();
+        clock.advance(2 * MILLISECOND);
+        let ran = runs.load(Ordering::SeqCst);
+        assert_eq!(
+            ran + usize::from(cancelled),
+            1,
+            "ran {ran} times, cancelled {cancelled}"
+        );
+        assert_eq!(drops.load(Ordering::SeqCst), 1, "task not dropped once");
+        let stats = timer.stats();
+        assert_eq!(
+            (stats.pending, stats.fired + stats.cancelled),
+            (0, 1),
+            "{stats:?}"
+        );
+        assert_a_new_timer_fires(&timer, &clock, "the slot was not given back");
+    });
+}
+
+/// Model 17: a thread's stage outlives the thread: a timer it staged still fires, and a later
+/// thread takes the stage over (publishing after the first thread's cells, never over them)
+/// while the shard drains it.
+#[test]
+fn staged_timers_survive_their_thread() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let runs = Arc::new(AtomicUsize::new(0));
+        let schedule = |timer: &Timer, runs: &Arc<AtomicUsize>| {
+            let runs = runs.clone();
+            timer
+                .schedule(MILLISECOND, move || {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+        };
+        {
+            let (timer, runs) = (timer.clone(), runs.clone());
+            thread::spawn(move || schedule(&timer, &runs))
+                .join()
+                .unwrap();
+        }
+        let second = {
+            let (timer, runs) = (timer.clone(), runs.clone());
+            thread::spawn(move || schedule(&timer, &runs))
+        };
+        clock.advance(2 * MILLISECOND);
+        second.join().unwrap();
+        clock.advance(2 * MILLISECOND);
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "a staged timer was lost");
+        assert_eq!(timer.stats().fired, 2);
+    });
+}

@@ -238,20 +238,19 @@ impl Stages {
         let mut staged = Some(staged);
         let pushed = MINE.try_with(|mine| {
             let mut mine = mine.try_borrow_mut().ok()?;
-            let stage = match mine.iter().find(|mine| mine.shard == self.id) {
-                Some(mine) => mine.stage.clone(),
+            let position = match mine.iter().position(|mine| mine.shard == self.id) {
+                Some(position) => position,
                 None => {
                     mine.retain(|mine| !mine.stage.shard_gone.load(Ordering::Relaxed));
                     let stage = self.join();
                     mine.push(Mine {
                         shard: self.id,
-                        stage: stage.clone(),
+                        stage,
                     });
-                    stage
+                    mine.len() - 1
                 }
             };
-            drop(mine);
-            Some(stage.push(staged.take()?))
+            Some(mine[position].stage.push(staged.take()?))
         });
         match pushed {
             Ok(Some(result)) => result,
