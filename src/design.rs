@@ -20,19 +20,24 @@
 //!    and the per-thread numbering it uses live in `src/engine/placement.rs`. The caller takes a
 //!    slot from that shard's slot table (lock-free; `src/engine/slot/free_list.rs`), writes the
 //!    deadline beside its state word (bit layout: `src/engine/slot/word.rs`), counts the timer
-//!    against the pending limit and sends a `Schedule` message carrying the task
-//!    (`src/engine/shared.rs`, messages in `src/engine/message.rs`). The caller gets a
-//!    [`TimerHandle`](crate::TimerHandle): slot index plus generation (`src/engine/handle.rs`).
+//!    against the pending limit and hands the task over (`src/engine/shared.rs`): a one-shot
+//!    timer goes, marked STAGED, into the thread's own ring for that shard, its *stage*, with
+//!    no shared queue and usually no wake-up (`src/engine/stage.rs`); a repeating one (or one
+//!    that finds the stage full) is sent as a `Schedule` message (`src/engine/message.rs`).
+//!    The caller gets a [`TimerHandle`](crate::TimerHandle): slot index plus generation
+//!    (`src/engine/handle.rs`).
 //! 3. **Delivered** (owner). The inbox (`src/engine/inbox.rs`) is a lock-free queue plus one
 //!    signal word, which is also how a parked shard is woken without ever losing a wake-up
-//!    (the argument is in that file). The owner drains it in its turn, checks each message
+//!    (the argument is in that file; stages join it by Dekker's protocol, argued in
+//!    `src/engine/stage.rs`). The owner drains it and the stages in its turn, adopts each
+//!    staged timer (or drops the task of one cancelled while staged), checks each message
 //!    against the slot's generation and state (a stale message is dropped, never assumed
 //!    current), stores the task in its private entry and links the entry into the wheel
 //!    (`src/engine/owner.rs`).
 //! 4. **Cancel and reset** (any thread). Both are decided on the slot's state word, on the
-//!    spot, by the handle; the owner learns of them by message when it must (an unlink, an
-//!    earlier deadline, a repeating timer's new schedule). A later deadline of a one-shot timer
-//!    needs no message at all: the entry stays where it is and is stored again further on when
+//!    spot, by the handle; the owner learns of them by message when it must (an unlink of an
+//!    adopted timer (a staged one needs none), an earlier deadline, a repeating timer's new
+//!    schedule). A later deadline of a one-shot timer needs no message at all: the entry stays where it is and is stored again further on when
 //!    the wheel reaches it. Every legal transition of the state word, with who may make it, is
 //!    the table in `src/engine/slot/mod.rs`; why a reset that returned `true` can never be
 //!    overtaken by a firing, and so nothing fires early, is argued there too.

@@ -795,8 +795,8 @@ fn staged_cancel_vs_adoption() {
     });
 }
 
-/// Model 17: a thread's stage outlives the thread: a timer it staged still fires, and a later
-/// thread takes the stage over (publishing after the first thread's cells, never over them)
+/// Model 17: a thread's stage outlives the thread: a timer it staged still fires, and another
+/// thread may take the stage over (publishing after the first thread's cells, never over them)
 /// while the shard drains it.
 #[test]
 fn staged_timers_survive_their_thread() {
@@ -812,18 +812,18 @@ fn staged_timers_survive_their_thread() {
                 })
                 .unwrap();
         };
-        {
-            let (timer, runs) = (timer.clone(), runs.clone());
-            thread::spawn(move || schedule(&timer, &runs))
-                .join()
-                .unwrap();
-        }
-        let second = {
-            let (timer, runs) = (timer.clone(), runs.clone());
-            thread::spawn(move || schedule(&timer, &runs))
-        };
+        // Nothing orders the two threads but the stage itself: the second takes the first's
+        // stage over only if the first has exited.
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let (timer, runs) = (timer.clone(), runs.clone());
+                thread::spawn(move || schedule(&timer, &runs))
+            })
+            .collect();
         clock.advance(2 * MILLISECOND);
-        second.join().unwrap();
+        for thread in threads {
+            thread.join().unwrap();
+        }
         clock.advance(2 * MILLISECOND);
         assert_eq!(runs.load(Ordering::SeqCst), 2, "a staged timer was lost");
         assert_eq!(timer.stats().fired, 2);

@@ -24,6 +24,10 @@
 //! A shard parks "short" (at most [`DRAIN_INTERVAL`]) right after it processed messages, so a
 //! busy inbox costs one wake-up per interval, not one per message, and an idle engine none.
 //!
+//! New one-shot timers come through [stages](super::stage) instead, which add nothing to the
+//! count: their producers read this word after publishing (see [`Inbox::staged`]), and the
+//! shard looks at the stages after setting PARKED.
+//!
 //! At shutdown the shard sets CLOSED and drains; a submitter whose add sees CLOSED settles the
 //! race on the timer's own state word (see `ShardShared::submit`). After its last drain the shard
 //! sets DRAINED; from then on late submitters empty the queue themselves.

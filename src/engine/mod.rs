@@ -9,7 +9,8 @@
 //! | [`handle`] | the user's [`TimerHandle`](handle::TimerHandle): cancel, reset, state |
 //! | [`shared`] | what other threads see of a shard: slot table, inbox, `send`, pending limit |
 //! | [`slot`] | the slot table: each timer's shared state word |
-//! | [`message`], [`inbox`] | getting to the owner |
+//! | [`stage`] | new one-shot timers on their way to the owner: a ring per submitting thread |
+//! | [`message`], [`inbox`] | everything else getting to the owner, and waking it |
 //! | [`owner`] | the shard's owner: entries, applying messages, expiry, one turn, shutdown |
 //! | [`reclaim`] | giving an idle shard's memory back |
 //! | [`worker`] | the owner's thread: turns and parking |

@@ -433,7 +433,7 @@ impl ShardOwner {
     ///
     /// | step | why there |
     /// |------|-----------|
-    /// | drain up to [`DRAIN_BATCH`] messages | timers scheduled before now fire in this turn |
+    /// | drain up to [`DRAIN_BATCH`] messages, then adopt up to as many staged timers | timers scheduled before now fire in this turn |
     /// | expire to the clock's tick | every `spill_every` one-shot tasks go to the pool at once (`spill`) |
     /// | flush counters | `Stats` include the turn before its tasks run |
     /// | hand off, with the owner let go of (`hold`) | user code runs: it may shut down and take the owner |
