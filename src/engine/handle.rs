@@ -27,7 +27,7 @@ impl TimerHandle {
         deadline: u64,
         task: Task,
     ) -> Result<TimerHandle, ScheduleError> {
-        let (index, generation) = shard.submit(deadline, task)?;
+        let (index, generation, _) = shard.submit(deadline, task)?;
         Ok(TimerHandle {
             shard: shard.clone(),
             index,

@@ -171,8 +171,8 @@ impl Inbox {
 
     /// After a producer published a cell on a [stage](super::stage) (with a fence: Dekker with
     /// [`park`](Self::park)): wakes the shard if it sleeps past `deadline_tick`, sleeps long,
-    /// or the stage is `half_full`. Reports a closed inbox like [`push`](Self::push).
-    pub(crate) fn staged(&self, deadline_tick: u64, half_full: bool) -> PushOutcome {
+    /// or the stage is `filling` up. Reports a closed inbox like [`push`](Self::push).
+    pub(crate) fn staged(&self, deadline_tick: u64, filling: bool) -> PushOutcome {
         let old = self.signal.load(Ordering::Acquire);
         if old & CLOSED != 0 {
             return PushOutcome::Closed {
@@ -180,7 +180,7 @@ impl Inbox {
             };
         }
         if old & PARKED != 0
-            && (half_full
+            && (filling
                 || old & LONG != 0
                 || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
         {

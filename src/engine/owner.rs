@@ -9,7 +9,7 @@ use super::message::Message;
 use super::reclaim::{IdleReclaim, KEPT_ENTRIES};
 use super::shared::ShardShared;
 use super::slot::{Adoption, FireOutcome, RunEnd, Slot, SlotTable};
-use super::stage::{StageList, Staged};
+use super::stage::{Meta, StageList};
 use crate::stats::LocalLateness;
 use crate::sync::Arc;
 use crate::task::Task;
@@ -145,9 +145,16 @@ impl ShardOwner {
     pub(crate) fn drain_stages(&mut self, handoff: &mut Handoff, wait: bool) -> usize {
         let shared = self.shared.clone();
         let mut stages = std::mem::take(&mut self.stages);
-        let drained = stages.drain(&shared.stages, DRAIN_BATCH, wait, |staged| {
-            self.adopt(staged, handoff);
-        });
+        let drained = stages.drain(
+            &shared.stages,
+            &shared.slots,
+            DRAIN_BATCH,
+            wait,
+            |meta, adoption, task| match adoption {
+                Adoption::Pending => self.adopt(meta, task),
+                _ => handoff.dropped.push(task),
+            },
+        );
         self.stages = stages;
         drained
     }
@@ -158,32 +165,23 @@ impl ShardOwner {
         self.stages.due_before(&shared.stages, tick)
     }
 
-    fn adopt(&mut self, staged: Staged, handoff: &mut Handoff) {
-        let Staged {
-            index,
-            generation,
-            task,
-            ..
-        } = staged;
-        match self.shared.slots.adopt(index, generation) {
-            Adoption::Pending => {
-                let slot = self.ensure_entry(index);
-                let entry = &mut self.entries.0[slot];
-                debug_assert!(
-                    entry.task.is_none() && !entry.links.is_linked(),
-                    "slot {index} adopted while occupied"
-                );
-                entry.task = Some(task);
-                self.live += 1;
-                // Read after the adoption: a handle may have moved it since the cell was
-                // written (earlier: its `Relocate` finds the entry linked, or was applied
-                // before and ignored; either way this read sees the new deadline).
-                let deadline = self.shared.slots.deadline(index);
-                let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
-                self.wheel.insert(&mut store, index, deadline);
-            }
-            Adoption::Cancelled => handoff.dropped.push(task),
-        }
+    /// Stores a timer just adopted from a stage (see [`stage`](super::stage)).
+    fn adopt(&mut self, meta: Meta, task: Task) {
+        let index = meta.index;
+        let slot = self.ensure_entry(index);
+        let entry = &mut self.entries.0[slot];
+        debug_assert!(
+            entry.task.is_none() && !entry.links.is_linked(),
+            "slot {index} adopted while occupied"
+        );
+        entry.task = Some(task);
+        self.live += 1;
+        // Read after the adoption: a handle may have moved it since the cell was written
+        // (earlier: its `Relocate` finds the entry linked, or was applied before and ignored;
+        // either way this read sees the new deadline).
+        let deadline = self.shared.slots.deadline(index);
+        let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+        self.wheel.insert(&mut store, index, deadline);
     }
 
     fn apply(&mut self, message: Message, handoff: &mut Handoff) {

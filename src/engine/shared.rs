@@ -7,7 +7,7 @@ use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
 use super::placement::counter_stripe;
 use super::slot::{Adoption, LazyReset, ResetOutcome, SlotTable};
-use super::stage::{Staged, Stages};
+use super::stage::{Meta, StagedAt, Stages};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::ShardCounters;
@@ -121,8 +121,13 @@ impl ShardShared {
 
     /// Schedules `task` at tick `deadline` on this shard: returns the timer's slot index and
     /// generation, with the one handle its slot counts, for the caller to wrap in a
-    /// [`TimerHandle`](super::handle::TimerHandle).
-    pub(crate) fn submit(&self, deadline: u64, task: Task) -> Result<(u32, u32), ScheduleError> {
+    /// [`TimerHandle`](super::handle::TimerHandle), and where it was staged, if it was (for
+    /// [`retract`](Self::retract)).
+    pub(crate) fn submit(
+        &self,
+        deadline: u64,
+        task: Task,
+    ) -> Result<(u32, u32, Option<StagedAt>), ScheduleError> {
         // A refused task is user code: dropped contained.
         let refuse = |task: Task, error: ScheduleError| {
             drop_contained(&self.counters, task);
@@ -145,8 +150,12 @@ impl ShardShared {
         self.counters
             .scheduled
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let mut staged_at = None;
         let outcome = match self.stage(index, generation, deadline, task) {
-            Ok(outcome) => outcome,
+            Ok((outcome, at)) => {
+                staged_at = Some(at);
+                outcome
+            }
             Err(task) => {
                 self.slots
                     .begin(index, generation, deadline, task.is_repeating());
@@ -162,13 +171,13 @@ impl ShardShared {
             }
         };
         let PushOutcome::Closed { drained } = outcome else {
-            return Ok((index, generation));
+            return Ok((index, generation, staged_at));
         };
         // Shutdown raced us. Whoever moves the timer out of PENDING first decides: us (the
         // schedule is rejected, undone, its task dropped unrun) or the shard's last sweep (the
         // timer is among those `shutdown()` returns).
         if !self.slots.cancel(index, generation) {
-            return Ok((index, generation));
+            return Ok((index, generation, staged_at));
         }
         self.counters
             .scheduled
@@ -194,21 +203,31 @@ impl ShardShared {
         generation: u32,
         deadline: u64,
         task: Task,
-    ) -> Result<PushOutcome, Task> {
+    ) -> Result<(PushOutcome, StagedAt), Task> {
         if task.is_repeating() {
             return Err(task);
         }
         self.slots.begin_staged(index, generation, deadline);
-        let staged = Staged {
+        let meta = Meta {
             index,
             generation,
             deadline,
-            task,
         };
-        match self.stages.push(staged) {
-            Ok(half_full) => Ok(self.inbox.staged(deadline, half_full)),
-            Err(staged) => Err(staged.task),
-        }
+        let (at, filling) = self.stages.push(meta, task)?;
+        Ok((self.inbox.staged(deadline, filling), at))
+    }
+
+    /// Takes back timer `(index, generation)`, staged at `at` by this thread, whose one handle
+    /// the caller holds: true iff done (cancelled and counted, the handle let go of, the slot
+    /// freed, the task dropped here); else the caller cancels it the ordinary way. See
+    /// [`Stages::retract`].
+    pub(crate) fn retract(&self, at: StagedAt, index: u32, generation: u32) -> bool {
+        let Some(task) = self.stages.retract(at, index, generation, &self.slots) else {
+            return false;
+        };
+        self.count_cancelled(1);
+        drop_contained(&self.counters, task);
+        true
     }
 
     /// Cancels timer `(index, generation)` of this shard: true iff this call prevented its task
@@ -301,14 +320,13 @@ impl ShardShared {
     pub(crate) fn discard_late_messages(&self) {
         // This thread's stage, which the shard no longer drains: its timers were all settled
         // by this thread (cancelled: the shard's last sweep is over).
-        self.stages.drain_own(|staged| {
-            let adoption = self.slots.adopt(staged.index, staged.generation);
+        self.stages.drain_own(&self.slots, |adoption, task| {
             debug_assert_eq!(
                 adoption,
                 Adoption::Cancelled,
                 "a timer staged after the last drain is pending"
             );
-            drop_contained(&self.counters, staged.task);
+            drop_contained(&self.counters, task);
         });
         while let Some(message) = self.inbox.pop() {
             // The shard will never apply these: end the repeating timers they hand back.
@@ -323,11 +341,14 @@ impl ShardShared {
 }
 
 impl Drop for ShardShared {
-    /// Messages still queued (only when a failed shard's owner could not be closed) hold tasks:
-    /// user code, dropped contained.
+    /// Messages and staged timers still queued (only when a failed shard's owner could not be
+    /// closed) hold tasks: user code, dropped contained.
     fn drop(&mut self) {
         while let Some(message) = self.inbox.pop() {
             drop_contained(&self.counters, message);
         }
+        let counters = &self.counters;
+        self.stages
+            .close(&self.slots, |task| drop_contained(counters, task));
     }
 }

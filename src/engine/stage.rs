@@ -9,13 +9,22 @@
 //! drains every stage of its shard at each turn and *adopts* each timer
 //! ([`SlotTable::adopt`](super::slot::SlotTable::adopt)): it clears the slot's `STAGED` bit and
 //! stores the timer in its wheel, or, if the timer was cancelled meanwhile, drops its task.
-//! A cancel that finds `STAGED` set sends no message: the adoption finds it. Most of a server's
-//! timeouts end this way, seen by their shard once, in a batch, without a wake-up of their own.
+//! A cancel that finds `STAGED` set sends no message: the adoption finds it. Better still, the
+//! producer itself may *retract* a timer it staged ([`Stages::retract`]: a `Sleep` dropped on
+//! the thread that armed it): it takes the task back out of the cell and frees the slot at
+//! once, and the shard, finding the slot no longer staged, skips the cell without touching it.
+//! Most of a server's timeouts end this way, never seen by their shard but as a skipped cell.
+//!
+//! A cell's task belongs to whoever moves its slot out of STAGED
+//! ([`SlotTable::adopt`](super::slot::SlotTable::adopt) or
+//! [`SlotTable::retract`](super::slot::SlotTable::retract)): one compare-and-swap each, so
+//! exactly one thread takes it; the cell's other fields are read only by the consumer.
 //!
 //! | who | may touch |
 //! |-----|-----------|
 //! | the producer: the thread that registered the stage, or took it over after that thread exited ([`Stage::orphaned`]) | the cell at `tail`; advances `tail` |
-//! | the consumer: whoever holds `consuming` (the shard's owner; after the shard's last drain at shutdown, the producer) | cells in `head..tail`; advances `head` |
+//! | the consumer: whoever holds `consuming` (the shard's owner; after the shard's last drain at shutdown, the producer) | cells in `head..tail` (a task only once its adoption won); advances `head` |
+//! | the producer, retracting | the task of a cell in `head..tail` whose retraction won |
 //!
 //! Repeating timers, a full stage and a thread whose thread-locals are gone take the shard's
 //! inbox instead (`ShardShared::submit`).
@@ -25,10 +34,10 @@
 //! The producer publishes `tail` with a read-modify-write and a fence, then reads the inbox's
 //! signal word ([`Inbox::staged`](super::inbox::Inbox::staged)); the owner, before it sleeps,
 //! sets `PARKED` with a compare-and-swap and a fence, then looks at every stage's tail
-//! ([`Stages::due_before`]). Dekker's argument: either the owner sees the new cell (and does
+//! ([`StageList::due_before`]). Dekker's argument: either the owner sees the new cell (and does
 //! not sleep past its deadline), or the producer sees the owner parked, and wakes it if the
 //! timer is due before the owner's wake-up tick, if the owner sleeps long, or if the stage is
-//! half full. A busy producer thus wakes its shard about once per drain interval, not once per
+//! filling up. A busy producer thus wakes its shard about once per drain interval, not once per
 //! timer.
 //!
 //! # Shutdown
@@ -38,6 +47,7 @@
 //! it marks the inbox `DRAINED`; a producer that sees `DRAINED` drains its own stage, under
 //! `consuming`, so every cell is consumed by exactly one thread.
 
+use super::slot::{Adoption, SlotTable};
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, UnsafeCell};
 use crate::sync::{lock, thread, thread_local};
 use crate::task::Task;
@@ -45,31 +55,58 @@ use crossbeam_utils::CachePadded;
 use std::cell::RefCell;
 use std::mem::MaybeUninit;
 
-/// Cells per stage (a power of two).
+/// Cells per stage (a power of two). With [`WAKE_FILL`], it sets how long a timer may stay
+/// staged, and so be cancelled or retracted for free, at a given rate of schedules.
 #[cfg(not(shardwheel_loom))]
-const CAPACITY: u64 = 1024;
+const CAPACITY: u64 = 4096;
 /// Small under loom, so that a model can fill a stage.
 #[cfg(shardwheel_loom)]
 const CAPACITY: u64 = 4;
+
+/// Cells waiting past which a producer wakes its shard to drain them.
+const WAKE_FILL: u64 = CAPACITY / 4 * 3;
 
 /// Cells the owner looks at, before sleeping, for one due before its wake-up; beyond that it
 /// drains instead.
 const PEEK_LIMIT: u64 = 256;
 
-/// One staged timer.
-pub(crate) struct Staged {
+/// What a cell says of its timer: written by the producer, read by the consumer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Meta {
     pub(crate) index: u32,
     pub(crate) generation: u32,
     /// The deadline tick at scheduling (the slot's deadline may have moved since).
     pub(crate) deadline: u64,
-    pub(crate) task: Task,
+}
+
+/// Where a timer was staged: for [`Stages::retract`] by the thread that staged it. The stage
+/// is named by its address, never dereferenced from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StagedAt {
+    stage: usize,
+    position: u64,
+}
+
+/// One cell of a stage.
+struct Cell {
+    meta: UnsafeCell<MaybeUninit<Meta>>,
+    /// Taken once, by whoever moved the slot out of STAGED (see the module documentation).
+    task: UnsafeCell<MaybeUninit<Task>>,
+}
+
+/// What the producer of a stage writes: one cache line, which the consumer only reads.
+struct ProducerSide {
+    /// Cells published (a count; the cell is `tail % CAPACITY`).
+    tail: AtomicU64,
+    /// The consumer's `head` when the producer last read it (a lower bound of it).
+    head_seen: AtomicU64,
 }
 
 /// One (thread, shard) pair's ring of staged timers. See the [module documentation](self).
 pub(crate) struct Stage {
-    /// Cells published (a count; the cell is `tail % CAPACITY`). Written by the producer.
-    tail: CachePadded<AtomicU64>,
-    /// Cells consumed. Written by the consumer.
+    /// Written by the producer only.
+    producer: CachePadded<ProducerSide>,
+    /// Cells consumed. Written by the consumer, at the end of each drain.
     head: CachePadded<AtomicU64>,
     /// Held by whoever consumes.
     consuming: AtomicBool,
@@ -77,14 +114,16 @@ pub(crate) struct Stage {
     orphaned: AtomicBool,
     /// The shard is gone: threads forget the stage.
     shard_gone: AtomicBool,
-    cells: Box<[UnsafeCell<MaybeUninit<Staged>>]>,
+    cells: Box<[Cell]>,
 }
 
-// SAFETY: the cells are accessed by one producer and one consumer at a time, as the module
-// documentation's table says: the producer writes a cell only outside `head..tail`, the
-// consumer reads only inside it, and `tail`'s Release / Acquire pair orders each cell's write
-// before its read (`head`'s pair orders the read before the cell's next write). `Staged` is
-// `Send` (its task is).
+// SAFETY: the cells are accessed as the module documentation's table says: the producer writes
+// a cell only outside `head..tail`; the consumer reads a cell's `meta` only inside it; a cell's
+// `task` is read by exactly one thread, the winner of the compare-and-swap that takes its slot
+// out of STAGED. `tail`'s Release / Acquire pair orders each cell's writes before those reads
+// (through the slot word's Release / Acquire for a retracting producer on another stage's
+// thread, which cannot happen: only the producer retracts), and `head`'s pair orders the reads
+// before the cell's next write. `Meta` and `Task` are `Send`.
 unsafe impl Send for Stage {}
 // SAFETY: as above: every shared access goes through the atomics or the protocol they order.
 unsafe impl Sync for Stage {}
@@ -92,35 +131,72 @@ unsafe impl Sync for Stage {}
 impl Stage {
     fn new() -> Stage {
         Stage {
-            tail: CachePadded::new(AtomicU64::new(0)),
+            producer: CachePadded::new(ProducerSide {
+                tail: AtomicU64::new(0),
+                head_seen: AtomicU64::new(0),
+            }),
             head: CachePadded::new(AtomicU64::new(0)),
             consuming: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
             shard_gone: AtomicBool::new(false),
             cells: (0..CAPACITY)
-                .map(|_| UnsafeCell::new(MaybeUninit::uninit()))
+                .map(|_| Cell {
+                    meta: UnsafeCell::new(MaybeUninit::uninit()),
+                    task: UnsafeCell::new(MaybeUninit::uninit()),
+                })
                 .collect(),
         }
     }
 
-    fn cell(&self, position: u64) -> &UnsafeCell<MaybeUninit<Staged>> {
+    fn cell(&self, position: u64) -> &Cell {
         &self.cells[(position % CAPACITY) as usize]
     }
 
-    /// Producer: publishes `staged`, with a fence after (see "Waking the shard"). Returns
-    /// whether the stage is now at least half full, or gives `staged` back if it is full.
-    fn push(&self, staged: Staged) -> Result<bool, Staged> {
-        let tail = self.tail.load(Ordering::Relaxed);
-        let head = self.head.load(Ordering::Acquire);
-        if tail - head >= CAPACITY {
-            return Err(staged);
+    /// Producer: publishes a timer, with a fence after (see "Waking the shard"). Returns where
+    /// it went and whether the shard should drain the stage soon ([`WAKE_FILL`] cells wait),
+    /// or gives the task back if the stage is full.
+    fn push(&self, meta: Meta, task: Task) -> Result<(StagedAt, bool), Task> {
+        let producer = &*self.producer;
+        let tail = producer.tail.load(Ordering::Relaxed);
+        // The consumer's `head` is read again only when the stage looks full enough to matter:
+        // its cache line then moves once per drain, not once per timer.
+        let mut head = producer.head_seen.load(Ordering::Relaxed);
+        if tail - head >= WAKE_FILL {
+            head = self.head.load(Ordering::Acquire);
+            producer.head_seen.store(head, Ordering::Relaxed);
+            if tail - head >= CAPACITY {
+                return Err(task);
+            }
         }
-        // SAFETY: only the producer writes cells, and this one is outside `head..tail`: the
-        // consumer is done with it (its `head` store, acquired above, came after its read).
-        self.cell(tail)
-            .with_mut(|cell| unsafe { (*cell).write(staged) });
-        crate::sync::swap_then_fence(&self.tail, tail + 1, Ordering::AcqRel);
-        Ok(tail + 1 - head >= CAPACITY / 2)
+        let cell = self.cell(tail);
+        // SAFETY: only the producer writes cells, and this one is outside `head..tail` for a
+        // `head` it acquired (now or at an earlier push): the consumer is done with it (its
+        // `head` store came after its reads of the cell), and so is any retraction (made by
+        // this thread, before this call).
+        unsafe {
+            cell.meta.with_mut(|slot| (*slot).write(meta));
+            cell.task.with_mut(|slot| (*slot).write(task));
+        }
+        crate::sync::swap_then_fence(&producer.tail, tail + 1, Ordering::AcqRel);
+        let at = StagedAt {
+            stage: self as *const Stage as usize,
+            position: tail,
+        };
+        Ok((at, tail + 1 - head >= WAKE_FILL))
+    }
+
+    /// The task of the cell at `position`.
+    ///
+    /// # Safety
+    ///
+    /// The cell is published and not yet reused (`head <= position < tail` as the caller
+    /// knows it), and the caller moved its timer's slot out of STAGED (so took its task: no
+    /// one else reads it, and it is read once).
+    unsafe fn take_task(&self, position: u64) -> Task {
+        // SAFETY: the caller's contract.
+        self.cell(position)
+            .task
+            .with(|slot| unsafe { (*slot).assume_init_read() })
     }
 
     /// Takes the consumer's role, if no one holds it.
@@ -128,7 +204,10 @@ impl Stage {
         self.consuming
             .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
             .is_ok()
-            .then_some(Consumer { stage: self })
+            .then(|| Consumer {
+                stage: self,
+                head: std::cell::Cell::new(self.head.load(Ordering::Relaxed)),
+            })
     }
 
     /// Takes the consumer's role, waiting for whoever holds it.
@@ -142,61 +221,60 @@ impl Stage {
     }
 }
 
-impl Drop for Stage {
-    /// Tasks still staged (only if the shard was dropped without its last drain, after a
-    /// failure) are user code: dropped contained.
-    fn drop(&mut self) {
-        let consumer = Consumer { stage: self };
-        while let Some(staged) = consumer.pop() {
-            super::executor::drop_uncounted(staged.task);
-        }
-        std::mem::forget(consumer);
-    }
-}
-
-/// The consumer's role on a stage, let go of on drop.
-pub(crate) struct Consumer<'a> {
+/// The consumer's role on a stage: `head` advances locally and is published when the role is
+/// let go of (on drop, also when unwinding: a cell is never read twice).
+struct Consumer<'a> {
     stage: &'a Stage,
+    head: std::cell::Cell<u64>,
 }
 
 impl Consumer<'_> {
-    /// The next published cell, if any.
-    pub(crate) fn pop(&self) -> Option<Staged> {
+    /// Consumes the next published cell, if any: adopts its timer (`Some` with the task, if
+    /// adopted or cancelled while staged), or skips it (`None` inside: retracted by its
+    /// producer, whose task it is).
+    fn pop(&self, slots: &SlotTable) -> Option<(Meta, Option<(Adoption, Task)>)> {
         let stage = self.stage;
-        let head = stage.head.load(Ordering::Relaxed);
-        if head == stage.tail.load(Ordering::Acquire) {
+        let position = self.head.get();
+        if position == stage.producer.tail.load(Ordering::Acquire) {
             return None;
         }
-        // SAFETY: `head < tail`: the producer published this cell (Acquire above) and will not
-        // write it again before our `head` store below; we hold the consumer's role.
-        let staged = stage
-            .cell(head)
-            .with(|cell| unsafe { (*cell).assume_init_read() });
-        stage.head.store(head + 1, Ordering::Release);
-        Some(staged)
+        let cell = stage.cell(position);
+        // SAFETY: `head <= position < tail`: published (Acquire above), not rewritten before
+        // our `head` store (in `drop`), and we hold the consumer's role.
+        let meta = cell.meta.with(|slot| unsafe { (*slot).assume_init_read() });
+        self.head.set(position + 1);
+        let adoption = slots.adopt(meta.index, meta.generation);
+        let task = (adoption != Adoption::Retracted).then(|| {
+            // SAFETY: published and not reused (above); our adoption took the slot out of
+            // STAGED.
+            unsafe { stage.take_task(position) }
+        });
+        Some((meta, task.map(|task| (adoption, task))))
     }
 
     /// Whether a published cell not yet consumed is due before tick `tick` (or there are more
     /// than [`PEEK_LIMIT`] of them).
     fn due_before(&self, tick: u64) -> bool {
         let stage = self.stage;
-        let head = stage.head.load(Ordering::Relaxed);
-        let tail = stage.tail.load(Ordering::Acquire);
+        let head = self.head.get();
+        let tail = stage.producer.tail.load(Ordering::Acquire);
         if tail - head > PEEK_LIMIT {
             return true;
         }
         (head..tail).any(|position| {
-            // SAFETY: as in `pop`: published, not consumed, and ours to read.
-            stage
+            // SAFETY: as in `pop`: published, not reused, and ours to read.
+            let meta = stage
                 .cell(position)
-                .with(|cell| unsafe { (*cell).assume_init_ref().deadline })
-                < tick
+                .meta
+                .with(|slot| unsafe { (*slot).assume_init_read() });
+            meta.deadline < tick
         })
     }
 }
 
 impl Drop for Consumer<'_> {
     fn drop(&mut self) {
+        self.stage.head.store(self.head.get(), Ordering::Release);
         self.stage.consuming.store(false, Ordering::Release);
     }
 }
@@ -230,12 +308,12 @@ impl Stages {
         }
     }
 
-    /// Publishes `staged` on this thread's stage of this shard (registering or taking one
-    /// over at first use). Returns whether the stage is half full, or gives `staged` back if
-    /// it is full or this thread's list of stages is out of reach (being destroyed, or in
-    /// use further up the stack).
-    pub(crate) fn push(&self, staged: Staged) -> Result<bool, Staged> {
-        let mut staged = Some(staged);
+    /// Publishes a timer on this thread's stage of this shard (registering or taking one over
+    /// at first use). Returns where it went and whether the stage is filling up, or gives the
+    /// task back if the stage is full or this thread's list of stages is out of reach (being
+    /// destroyed, or in use further up the stack).
+    pub(crate) fn push(&self, meta: Meta, task: Task) -> Result<(StagedAt, bool), Task> {
+        let mut task = Some(task);
         let pushed = MINE.try_with(|mine| {
             let mut mine = mine.try_borrow_mut().ok()?;
             let position = match mine.iter().position(|mine| mine.shard == self.id) {
@@ -250,12 +328,40 @@ impl Stages {
                     mine.len() - 1
                 }
             };
-            Some(mine[position].stage.push(staged.take()?))
+            Some(mine[position].stage.push(meta, task.take()?))
         });
         match pushed {
             Ok(Some(result)) => result,
-            _ => Err(staged.expect("not pushed")),
+            _ => Err(task.expect("not pushed")),
         }
+    }
+
+    /// The producer takes back timer `(meta.index, meta.generation)`, staged at `at`, before the
+    /// shard adopted it: cancelled, its one handle let go of, its slot freed
+    /// ([`SlotTable::retract`]), and its task returned, for the caller to drop. `None` (nothing
+    /// changed) if this thread is not the stage's producer, or the timer is not in that state:
+    /// the caller cancels it the ordinary way.
+    pub(crate) fn retract(
+        &self,
+        at: StagedAt,
+        index: u32,
+        generation: u32,
+        slots: &SlotTable,
+    ) -> Option<Task> {
+        MINE.try_with(|mine| {
+            let mine = mine.try_borrow().ok()?;
+            let own = mine.iter().find(|mine| mine.shard == self.id)?;
+            if Arc::as_ptr(&own.stage) as usize != at.stage || !slots.retract(index, generation) {
+                return None;
+            }
+            // SAFETY: we are the stage's producer, so the cell at `at.position` holds this
+            // timer until the consumer's `head` passes it, which it cannot have done before
+            // our retraction took the slot out of STAGED (its adoption would have); the
+            // retraction gives us its task.
+            Some(unsafe { own.stage.take_task(at.position) })
+        })
+        .ok()
+        .flatten()
     }
 
     /// A stage for the calling thread: an orphaned one, or a new one.
@@ -277,9 +383,10 @@ impl Stages {
         stage
     }
 
-    /// The calling thread's own stage of this shard, if it has one, drained after the shard's
-    /// last drain (see "Shutdown"): `each` gets every cell left.
-    pub(crate) fn drain_own(&self, mut each: impl FnMut(Staged)) {
+    /// Drains the calling thread's own stage of this shard, if it has one, after the shard's
+    /// last drain (see "Shutdown"): `each` gets the task of every cell left that was not
+    /// retracted (all of them cancelled while staged).
+    pub(crate) fn drain_own(&self, slots: &SlotTable, mut each: impl FnMut(Adoption, Task)) {
         let stage = MINE
             .try_with(|mine| {
                 let mine = mine.try_borrow().ok()?;
@@ -291,22 +398,24 @@ impl Stages {
             .flatten();
         if let Some(stage) = stage {
             let consumer = stage.consume();
-            while let Some(staged) = consumer.pop() {
-                each(staged);
+            while let Some((_, task)) = consumer.pop(slots) {
+                if let Some((adoption, task)) = task {
+                    each(adoption, task);
+                }
             }
         }
     }
-}
 
-impl Drop for Stages {
-    /// Threads forget the shard's stages; tasks still staged (only after a failure kept the
-    /// shard from its last drain) are user code: dropped contained.
-    fn drop(&mut self) {
+    /// When the shard goes: drains every stage (only a failure can have kept the shard from
+    /// its last drain), `each` getting the tasks, and threads forget the stages.
+    pub(crate) fn close(&self, slots: &SlotTable, mut each: impl FnMut(Task)) {
         for stage in lock(&self.registered).iter() {
             stage.shard_gone.store(true, Ordering::Relaxed);
             if let Some(consumer) = stage.try_consume() {
-                while let Some(staged) = consumer.pop() {
-                    super::executor::drop_uncounted(staged.task);
+                while let Some((_, task)) = consumer.pop(slots) {
+                    if let Some((_, task)) = task {
+                        each(task);
+                    }
                 }
             }
         }
@@ -326,15 +435,18 @@ impl StageList {
         }
     }
 
-    /// Consumer: takes up to `budget` staged timers from every stage, `each` for each; returns
-    /// how many. A stage whose consumer role is held elsewhere (its producer, after the shard's
-    /// last drain) is skipped: that producer drains it. `wait`: wait for the role instead.
+    /// Consumer: consumes up to `budget` cells from every stage, adopting their timers;
+    /// `each` gets those it must handle (adopted, or cancelled while staged, with the task).
+    /// Returns how many cells there were. A stage whose consumer role is held elsewhere (its
+    /// producer, after the shard's last drain) is skipped: that producer drains it. `wait`:
+    /// wait for the role instead.
     pub(crate) fn drain(
         &mut self,
         stages: &Stages,
+        slots: &SlotTable,
         budget: usize,
         wait: bool,
-        mut each: impl FnMut(Staged),
+        mut each: impl FnMut(Meta, Adoption, Task),
     ) -> usize {
         self.refresh(stages);
         let mut taken = 0;
@@ -348,11 +460,13 @@ impl StageList {
                 continue;
             };
             while taken < budget {
-                let Some(staged) = consumer.pop() else {
+                let Some((meta, task)) = consumer.pop(slots) else {
                     break;
                 };
                 taken += 1;
-                each(staged);
+                if let Some((adoption, task)) = task {
+                    each(meta, adoption, task);
+                }
             }
         }
         taken

@@ -53,6 +53,7 @@
 //! | FREE                      | allocate + [`begin_staged`] (submitter, one-shot) | PENDING, SHARD, STAGED, 1 handle |
 //! | PENDING, STAGED           | [`adopt`] (shard, at the stage's cell)  | STAGED cleared: the shard holds it |
 //! | CANCELLED, STAGED         | [`adopt`] (shard, at the stage's cell)  | STAGED and SHARD cleared (task dropped) |
+//! | PENDING, STAGED, 1 handle | [`retract`] (the stage's producer, its handle's owner) | CANCELLED, nothing held: freed at once (task taken back) |
 //! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message, unless STAGED: it finds out at [`adopt`]) |
 //! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | unchanged (deadline swapped)     |
 //! | PENDING, repeating        | [`reset`] (any thread)                  | PENDING, resets + 1              |
@@ -84,6 +85,7 @@
 //! | transition out of PENDING                            | made by                    | counts |
 //! |------------------------------------------------------|----------------------------|--------|
 //! | [`cancel`] -> CANCELLED                              | a handle                   | the handle: `cancelled` |
+//! | [`retract`] -> CANCELLED                             | the stage's producer       | the producer: `cancelled` |
 //! | [`cancel`] -> CANCELLED, after its push found the inbox closed | the submitter    | the submitter: undoes `scheduled` |
 //! | [`cancel_for_shutdown`] -> CANCELLED                 | the shard's last sweep     | the shard: `cancelled` |
 //! | [`fire`] -> FIRED (one-shot)                         | the shard                  | the shard: `fired` |
@@ -109,6 +111,7 @@
 //! [`begin`]: SlotTable::begin
 //! [`begin_staged`]: SlotTable::begin_staged
 //! [`adopt`]: SlotTable::adopt
+//! [`retract`]: SlotTable::retract
 //! [`cancel`]: SlotTable::cancel
 //! [`reset_lazy`]: SlotTable::reset_lazy
 //! [`reset`]: SlotTable::reset
@@ -175,6 +178,8 @@ pub(crate) enum Adoption {
     Pending,
     /// Cancelled while staged: the shard has let go of it; drop its task.
     Cancelled,
+    /// Retracted by its producer, who took the task: skip the cell.
+    Retracted,
 }
 
 /// What [`SlotTable::fire`] decided.
@@ -376,14 +381,19 @@ impl SlotTable {
     /// the shard now holds it (and stores it in its wheel at the slot's deadline, read after
     /// this call); if it was cancelled meanwhile, the shard lets go of it here (its task is
     /// dropped by the caller), freeing the slot if no handle is left. Nothing is counted: the
-    /// cancel counted the end.
+    /// cancel counted the end. [`Adoption::Retracted`] if its producer took it back first
+    /// ([`retract`](Self::retract): the slot is no longer STAGED, or already reused): the
+    /// cell's task is not the caller's.
     pub(crate) fn adopt(&self, index: u32, generation: u32) -> Adoption {
         let slot = self.word(index);
         let mut word = slot.load(Ordering::Acquire);
         loop {
+            if generation_of(word) != generation || word & STAGED == 0 {
+                return Adoption::Retracted;
+            }
             debug_assert!(
-                generation_of(word) == generation && word & (STAGED | SHARD) == STAGED | SHARD,
-                "slot {index} adopted while not staged: {word:#x}"
+                word & SHARD != 0,
+                "slot {index} staged without its shard's hold: {word:#x}"
             );
             let (new, adoption) = if lifecycle_of(word) == PENDING {
                 (word & !STAGED, Adoption::Pending)
@@ -396,6 +406,33 @@ impl SlotTable {
                         self.free(index, new);
                     }
                     return adoption;
+                }
+                Err(actual) => word = actual,
+            }
+        }
+    }
+
+    /// The producer of a staged timer takes it back before its shard adopted it: PENDING,
+    /// STAGED, held for the shard, with exactly one handle (the caller's) -> CANCELLED with
+    /// nothing held, and freed at once. True iff done: the caller then owns the task in the
+    /// stage's cell and counts the cancel; the shard will skip the cell
+    /// ([`Adoption::Retracted`]).
+    pub(crate) fn retract(&self, index: u32, generation: u32) -> bool {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            if generation_of(word) != generation
+                || lifecycle_of(word) != PENDING
+                || word & (STAGED | SHARD) != STAGED | SHARD
+                || handles_of(word) != 1
+            {
+                return false;
+            }
+            let new = word & !(LIFECYCLE_MASK | STAGED | SHARD | HANDLE_MASK) | CANCELLED;
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    self.free(index, new);
+                    return true;
                 }
                 Err(actual) => word = actual,
             }
