@@ -829,3 +829,46 @@ fn staged_timers_survive_their_thread() {
         assert_eq!(timer.stats().fired, 2);
     });
 }
+
+/// Model 18: a `Sleep` dropped on the thread that armed it while its shard adopts its staged
+/// timer: the sleep retracts the timer (takes its task back, frees the slot) or, if the shard
+/// adopted it first, cancels it the ordinary way. Either way the timer's task (a clone of the
+/// waker) is dropped exactly once, the cancel counted once, and the slot serves a new timer.
+#[test]
+fn sleep_retract_vs_adoption() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Context;
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let (woken, waker) = loom_waker();
+        {
+            let mut sleep = timer.sleep(5 * MILLISECOND);
+            let mut context = Context::from_waker(&waker);
+            assert!(Pin::new(&mut sleep).poll(&mut context).is_pending());
+            let adopter = {
+                let clock = clock.clone();
+                thread::spawn(move || clock.advance(MILLISECOND))
+            };
+            drop(sleep);
+            adopter.join().unwrap();
+        }
+        // Applies the `Cancel` message, if the shard had adopted the timer.
+        clock.advance(MILLISECOND);
+        drop(waker);
+        assert_eq!(woken.woken.load(Ordering::SeqCst), 0, "a cancelled sleep woke");
+        assert_eq!(
+            std::sync::Arc::strong_count(&woken),
+            1,
+            "the timer's waker clone was not dropped once"
+        );
+        let stats = timer.stats();
+        assert_eq!(
+            (stats.pending, stats.fired, stats.cancelled),
+            (0, 0, 1),
+            "{stats:?}"
+        );
+        assert_a_new_timer_fires(&timer, &clock, "the slot was not given back");
+    });
+}
