@@ -12,13 +12,14 @@
 
 use crate::TimerState;
 use crate::engine::Engine;
-use crate::engine::handle::TimerHandle;
+use crate::engine::shared::ShardShared;
 use crate::error::ScheduleError;
 use crate::periodic::MissedTickBehavior;
 use crate::sync::Arc;
 use crate::task::Task;
 use std::fmt;
 use std::future::Future;
+use std::ops::Deref;
 use std::pin::Pin;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -29,9 +30,76 @@ fn wake_task(waker: Waker) -> Task {
     Task::new_inline(move || waker.wake())
 }
 
+/// How a [`Sleep`] refers to its engine.
+pub(crate) enum EngineRef {
+    /// The engine of a timer that is never dropped (the process-wide default timer): free to
+    /// copy, no reference count to bump on every sleep.
+    Static(&'static Engine),
+    /// Any other timer's engine.
+    Shared(Arc<Engine>),
+}
+
+impl Deref for EngineRef {
+    type Target = Engine;
+
+    #[inline]
+    fn deref(&self) -> &Engine {
+        match self {
+            EngineRef::Static(engine) => engine,
+            EngineRef::Shared(engine) => engine,
+        }
+    }
+}
+
+/// An armed [`Sleep`]'s timer: its shard's ordinal in the engine's `shards` and its slot. Like
+/// a [`TimerHandle`](crate::TimerHandle) it owns one of the handles its slot counts, but it
+/// holds no `Arc` of the shard (the sleep keeps the engine alive): whoever takes it out of the
+/// sleep lets go of that handle ([`release`](Self::release) or
+/// [`cancel_and_release`](Self::cancel_and_release)).
+#[derive(Clone, Copy)]
+struct TimerSlot {
+    shard: usize,
+    index: u32,
+    generation: u32,
+}
+
+impl TimerSlot {
+    #[inline]
+    fn shard(self, engine: &Engine) -> &ShardShared {
+        &engine.shards[self.shard]
+    }
+
+    /// [`TimerHandle::state`](crate::TimerHandle::state).
+    fn state(self, engine: &Engine) -> TimerState {
+        self.shard(engine).slots.state(self.index, self.generation)
+    }
+
+    /// [`TimerHandle::cancel`](crate::TimerHandle::cancel); the handle stays.
+    fn cancel(self, engine: &Engine) -> bool {
+        self.shard(engine).cancel(self.index, self.generation)
+    }
+
+    /// [`TimerHandle::reset_at`](crate::TimerHandle::reset_at).
+    fn reset_at(self, engine: &Engine, deadline: Instant) -> bool {
+        let shard = self.shard(engine);
+        shard.reset(self.index, self.generation, shard.clock.tick_at(deadline))
+    }
+
+    /// Lets go of the handle (as dropping a `TimerHandle` does).
+    fn release(self, engine: &Engine) {
+        self.shard(engine).slots.drop_handle(self.index);
+    }
+
+    /// Cancels the timer (if pending) and lets go of the handle.
+    fn cancel_and_release(self, engine: &Engine) {
+        self.cancel(engine);
+        self.release(engine);
+    }
+}
+
 /// A [`Sleep`]'s timer and (a clone of) the waker its task wakes.
 struct Armed {
-    timer: TimerHandle,
+    timer: TimerSlot,
     waker: Waker,
 }
 
@@ -72,7 +140,7 @@ struct Armed {
 /// `Err(ScheduleError::Shutdown)`. The process-wide default timer is never shut down.
 #[must_use = "a Sleep does nothing unless awaited"]
 pub struct Sleep {
-    engine: Arc<Engine>,
+    engine: EngineRef,
     deadline: Instant,
     armed: Option<Armed>,
     elapsed: bool,
@@ -90,9 +158,9 @@ impl fmt::Debug for Sleep {
 
 impl Sleep {
     /// A sleep until `deadline` on `engine`, not scheduled yet.
-    pub(crate) fn new(engine: &Arc<Engine>, deadline: Instant) -> Sleep {
+    pub(crate) fn new(engine: EngineRef, deadline: Instant) -> Sleep {
         Sleep {
-            engine: engine.clone(),
+            engine,
             deadline,
             armed: None,
             elapsed: false,
@@ -101,9 +169,9 @@ impl Sleep {
 
     /// A sleep until `deadline` whose timer is scheduled now (unless the deadline has passed),
     /// with no waker yet: its first pending poll replaces the timer with one for its waker.
-    pub(crate) fn armed(engine: &Arc<Engine>, deadline: Instant) -> Result<Sleep, ScheduleError> {
+    pub(crate) fn armed(engine: EngineRef, deadline: Instant) -> Result<Sleep, ScheduleError> {
         let mut sleep = Sleep::new(engine, deadline);
-        if engine.clock.clock().now() >= deadline {
+        if sleep.engine.clock.clock().now() >= deadline {
             sleep.elapsed = true;
             return Ok(sleep);
         }
@@ -124,7 +192,7 @@ impl Sleep {
             || self
                 .armed
                 .as_ref()
-                .is_some_and(|armed| armed.timer.state() == TimerState::Expired)
+                .is_some_and(|armed| armed.timer.state(&self.engine) == TimerState::Expired)
     }
 
     /// Moves the deadline (earlier or later), also after completion, in tokio's form:
@@ -136,10 +204,19 @@ impl Sleep {
         this.deadline = deadline;
         this.elapsed = false;
         if let Some(armed) = &this.armed
-            && !armed.timer.reset_at(deadline)
+            && !armed.timer.reset_at(&this.engine, deadline)
         {
             // It fired (or shutdown cancelled it): the next poll schedules anew.
-            this.armed = None;
+            this.disarm().release(&this.engine);
+        }
+    }
+
+    /// Takes the armed timer out (the sleep is then unarmed): the caller lets go of its handle.
+    /// Only called when armed.
+    fn disarm(&mut self) -> TimerSlot {
+        match self.armed.take() {
+            Some(armed) => armed.timer,
+            None => unreachable!("disarming an unarmed sleep"),
         }
     }
 
@@ -148,18 +225,23 @@ impl Sleep {
         let engine = &self.engine;
         let clock = engine.clock.clock();
         let tick = engine.clock.tick_at(self.deadline);
-        match engine.submit(tick, wake_task(waker.clone())) {
-            // A manual clock's shard turns only in `advance`: one that passed the deadline and
-            // drove the shard before the timer reached it would leave the timer to the next
-            // advance. Look at the time again (`now_ordered`: either it shows that advance, or
-            // that advance's drive saw the timer). The `sleep_first_poll_*` loom model
-            // deadlocks without this. The system clock's shard turns by itself.
-            Ok(timer) if clock.is_manual() && clock.now_ordered() >= self.deadline => {
-                timer.cancel();
-                self.elapsed = true;
-                Poll::Ready(Ok(()))
-            }
-            Ok(timer) => {
+        match engine.submit_slot(tick, wake_task(waker.clone())) {
+            Ok((shard, index, generation)) => {
+                let timer = TimerSlot {
+                    shard,
+                    index,
+                    generation,
+                };
+                // A manual clock's shard turns only in `advance`: one that passed the deadline
+                // and drove the shard before the timer reached it would leave the timer to the
+                // next advance. Look at the time again (`now_ordered`: either it shows that
+                // advance, or that advance's drive saw the timer). The `sleep_first_poll_*` loom
+                // model deadlocks without this. The system clock's shard turns by itself.
+                if clock.is_manual() && clock.now_ordered() >= self.deadline {
+                    timer.cancel_and_release(engine);
+                    self.elapsed = true;
+                    return Poll::Ready(Ok(()));
+                }
                 self.armed = Some(Armed {
                     timer,
                     waker: waker.clone(),
@@ -190,7 +272,9 @@ impl Sleep {
             }
             return this.arm(cx.waker());
         };
-        let mut state = armed.timer.state();
+        let engine = &this.engine;
+        let timer = armed.timer;
+        let mut state = timer.state(engine);
         // The deadline may have passed without the shard having turned yet (a manual clock
         // moves only on `advance`): time, not the shard, decides.
         if state == TimerState::Pending && clock.now_ordered() < this.deadline {
@@ -199,16 +283,18 @@ impl Sleep {
             }
             // Another task polls: the timer's task would wake the old one. Replace the timer,
             // unless it fired (or shutdown cancelled it) meanwhile.
-            if armed.timer.cancel() {
-                this.armed = None;
+            if timer.cancel(engine) {
+                this.disarm().release(&this.engine);
                 return this.arm(cx.waker());
             }
-            state = armed.timer.state();
+            state = timer.state(engine);
         }
         match state {
             TimerState::Pending | TimerState::Expired => {
                 if state == TimerState::Pending {
-                    armed.timer.cancel();
+                    timer.cancel_and_release(engine);
+                } else {
+                    timer.release(engine);
                 }
                 this.armed = None;
                 this.elapsed = true;
@@ -217,7 +303,8 @@ impl Sleep {
             // Only shutdown, or the failure of its shard, cancels a sleep's timer from the
             // outside.
             TimerState::Cancelled => {
-                let error = armed.timer.shard.closed_error();
+                let error = timer.shard(engine).closed_error();
+                timer.release(engine);
                 this.armed = None;
                 Poll::Ready(Err(error))
             }
@@ -251,8 +338,8 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(armed) = &self.armed {
-            armed.timer.cancel();
+        if let Some(armed) = self.armed.take() {
+            armed.timer.cancel_and_release(&self.engine);
         }
     }
 }
@@ -344,7 +431,13 @@ pub struct Interval {
 }
 
 impl Interval {
+    /// Panics if `period` is zero, as tokio's does (callers document it).
+    #[track_caller]
     pub(crate) fn new(sleep: Sleep, period: Duration) -> Interval {
+        assert!(
+            !period.is_zero(),
+            "shardwheel: an interval's `period` must be non-zero"
+        );
         Interval {
             sleep,
             period,

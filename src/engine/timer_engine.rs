@@ -154,6 +154,24 @@ impl Engine {
         TimerHandle::submit(self.home_shard(), deadline, task)
     }
 
+    /// [`submit`](Self::submit) without a [`TimerHandle`]: returns the home shard's ordinal in
+    /// [`shards`](Self::shards) and the timer's slot index and generation, with the one handle
+    /// its slot counts, which the caller lets go of with `SlotTable::drop_handle` (or
+    /// `ShardShared::cancel_and_release`). For callers that keep the engine alive anyway (a
+    /// [`Sleep`](crate::Sleep)) and so need not hold the shard's `Arc`.
+    pub(crate) fn submit_slot(
+        &self,
+        deadline: u64,
+        task: Task,
+    ) -> Result<(usize, u32, u32), ScheduleError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ScheduleError::Shutdown);
+        }
+        let ordinal = self.placement.home();
+        let (index, generation) = self.shards[ordinal].submit(deadline, task)?;
+        Ok((ordinal, index, generation))
+    }
+
     /// Stops the engine: refuses new schedules, stops and joins the shard threads (except the
     /// calling thread's own), and returns every timer that neither ran nor was cancelled.
     /// Idempotent: later calls return nothing.
