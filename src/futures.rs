@@ -53,12 +53,12 @@ impl Deref for EngineRef {
 
 /// An armed [`Sleep`]'s timer: its shard's ordinal in the engine's `shards` and its slot. Like
 /// a [`TimerHandle`](crate::TimerHandle) it owns one of the handles its slot counts, but it
-/// holds no `Arc` of the shard (the sleep keeps the engine alive): whoever takes it out of the
-/// sleep lets go of that handle ([`release`](Self::release) or
+/// holds no `Arc` of the shard (the sleep keeps the engine alive): whoever disarms the sleep
+/// lets go of that handle ([`release`](Self::release) or
 /// [`cancel_and_release`](Self::cancel_and_release)).
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Default)]
 struct TimerSlot {
-    shard: usize,
+    shard: u32,
     index: u32,
     generation: u32,
 }
@@ -66,7 +66,7 @@ struct TimerSlot {
 impl TimerSlot {
     #[inline]
     fn shard(self, engine: &Engine) -> &ShardShared {
-        &engine.shards[self.shard]
+        &engine.shards[self.shard as usize]
     }
 
     /// [`TimerHandle::state`](crate::TimerHandle::state).
@@ -90,17 +90,11 @@ impl TimerSlot {
         self.shard(engine).slots.drop_handle(self.index);
     }
 
-    /// Cancels the timer (if pending) and lets go of the handle.
+    /// Cancels the timer (if pending) and lets go of the handle, in one compare-and-swap.
     fn cancel_and_release(self, engine: &Engine) {
-        self.cancel(engine);
-        self.release(engine);
+        self.shard(engine)
+            .cancel_and_release(self.index, self.generation);
     }
-}
-
-/// A [`Sleep`]'s timer and (a clone of) the waker its task wakes.
-struct Armed {
-    timer: TimerSlot,
-    waker: Waker,
 }
 
 /// A future that completes at a deadline: see [`Timer::sleep`](crate::Timer::sleep) and
@@ -142,7 +136,11 @@ struct Armed {
 pub struct Sleep {
     engine: EngineRef,
     deadline: Instant,
-    armed: Option<Armed>,
+    /// Armed: (a clone of) the waker the timer's task wakes. `None`: unarmed.
+    waker: Option<Waker>,
+    /// The armed sleep's timer; meaningless while unarmed. Beside `waker` rather than with it
+    /// in one `Option`, which would make a `Sleep` 8 bytes longer.
+    timer: TimerSlot,
     elapsed: bool,
 }
 
@@ -150,7 +148,7 @@ impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sleep")
             .field("deadline", &self.deadline)
-            .field("armed", &self.armed.is_some())
+            .field("armed", &self.waker.is_some())
             .field("elapsed", &self.elapsed)
             .finish()
     }
@@ -162,7 +160,8 @@ impl Sleep {
         Sleep {
             engine,
             deadline,
-            armed: None,
+            waker: None,
+            timer: TimerSlot::default(),
             elapsed: false,
         }
     }
@@ -189,10 +188,7 @@ impl Sleep {
     /// Whether the deadline has passed: a poll saw it, or the timer has fired.
     pub fn is_elapsed(&self) -> bool {
         self.elapsed
-            || self
-                .armed
-                .as_ref()
-                .is_some_and(|armed| armed.timer.state(&self.engine) == TimerState::Expired)
+            || (self.waker.is_some() && self.timer.state(&self.engine) == TimerState::Expired)
     }
 
     /// Moves the deadline (earlier or later), also after completion, in tokio's form:
@@ -203,20 +199,10 @@ impl Sleep {
         let this = self.get_mut();
         this.deadline = deadline;
         this.elapsed = false;
-        if let Some(armed) = &this.armed
-            && !armed.timer.reset_at(&this.engine, deadline)
-        {
+        if this.waker.is_some() && !this.timer.reset_at(&this.engine, deadline) {
             // It fired (or shutdown cancelled it): the next poll schedules anew.
-            this.disarm().release(&this.engine);
-        }
-    }
-
-    /// Takes the armed timer out (the sleep is then unarmed): the caller lets go of its handle.
-    /// Only called when armed.
-    fn disarm(&mut self) -> TimerSlot {
-        match self.armed.take() {
-            Some(armed) => armed.timer,
-            None => unreachable!("disarming an unarmed sleep"),
+            this.timer.release(&this.engine);
+            this.waker = None;
         }
     }
 
@@ -227,8 +213,10 @@ impl Sleep {
         let tick = engine.clock.tick_at(self.deadline);
         match engine.submit_slot(tick, wake_task(waker.clone())) {
             Ok((shard, index, generation)) => {
+                // An engine cannot have 2^32 shards: each takes far more than a byte.
+                debug_assert!(u32::try_from(shard).is_ok());
                 let timer = TimerSlot {
-                    shard,
+                    shard: shard as u32,
                     index,
                     generation,
                 };
@@ -242,10 +230,8 @@ impl Sleep {
                     self.elapsed = true;
                     return Poll::Ready(Ok(()));
                 }
-                self.armed = Some(Armed {
-                    timer,
-                    waker: waker.clone(),
-                });
+                self.timer = timer;
+                self.waker = Some(waker.clone());
                 Poll::Pending
             }
             Err(error) => Poll::Ready(Err(error)),
@@ -264,7 +250,7 @@ impl Sleep {
             return Poll::Ready(Ok(()));
         }
         let clock = this.engine.clock.clock();
-        let Some(armed) = &this.armed else {
+        let Some(armed_waker) = &this.waker else {
             // Lazy registration: the first poll that finds the deadline ahead schedules.
             if clock.now() >= this.deadline {
                 this.elapsed = true;
@@ -273,18 +259,19 @@ impl Sleep {
             return this.arm(cx.waker());
         };
         let engine = &this.engine;
-        let timer = armed.timer;
+        let timer = this.timer;
         let mut state = timer.state(engine);
         // The deadline may have passed without the shard having turned yet (a manual clock
         // moves only on `advance`): time, not the shard, decides.
         if state == TimerState::Pending && clock.now_ordered() < this.deadline {
-            if armed.waker.will_wake(cx.waker()) {
+            if armed_waker.will_wake(cx.waker()) {
                 return Poll::Pending;
             }
             // Another task polls: the timer's task would wake the old one. Replace the timer,
             // unless it fired (or shutdown cancelled it) meanwhile.
             if timer.cancel(engine) {
-                this.disarm().release(&this.engine);
+                timer.release(engine);
+                this.waker = None;
                 return this.arm(cx.waker());
             }
             state = timer.state(engine);
@@ -296,7 +283,7 @@ impl Sleep {
                 } else {
                     timer.release(engine);
                 }
-                this.armed = None;
+                this.waker = None;
                 this.elapsed = true;
                 Poll::Ready(Ok(()))
             }
@@ -305,7 +292,7 @@ impl Sleep {
             TimerState::Cancelled => {
                 let error = timer.shard(engine).closed_error();
                 timer.release(engine);
-                this.armed = None;
+                this.waker = None;
                 Poll::Ready(Err(error))
             }
         }
@@ -338,8 +325,8 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(armed) = self.armed.take() {
-            armed.timer.cancel_and_release(&self.engine);
+        if self.waker.is_some() {
+            self.timer.cancel_and_release(&self.engine);
         }
     }
 }

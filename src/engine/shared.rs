@@ -183,11 +183,30 @@ impl ShardShared {
         if !self.slots.cancel(index, generation) {
             return false;
         }
+        self.cancelled(index, generation);
+        true
+    }
+
+    /// [`cancel`](Self::cancel), and lets go of the caller's handle of the timer in the same
+    /// compare-and-swap ([`SlotTable::cancel_and_release`]): for a `Sleep` done with its timer.
+    /// True iff this call prevented the task from running.
+    pub(crate) fn cancel_and_release(&self, index: u32, generation: u32) -> bool {
+        if !self.slots.cancel_and_release(index, generation) {
+            return false;
+        }
+        self.cancelled(index, generation);
+        true
+    }
+
+    /// What follows a handle's transition of timer `(index, generation)` out of PENDING into
+    /// CANCELLED ([`cancel`](Self::cancel), [`cancel_and_release`](Self::cancel_and_release)):
+    /// count it and tell the shard. Touches no slot (after `cancel_and_release` the caller
+    /// holds no handle keeping it).
+    fn cancelled(&self, index: u32, generation: u32) {
         self.count_cancelled(1);
         #[cfg(feature = "test-hooks")]
         super::handle::cancel_hook::after_cancel_transition();
         self.send(Message::Cancel { index, generation }, u64::MAX);
-        true
     }
 
     /// Moves timer `(index, generation)` to tick `deadline`: true iff it was still pending
