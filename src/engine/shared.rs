@@ -5,11 +5,11 @@
 use super::executor::drop_contained;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
-use super::placement::counter_stripe;
 use super::slot::{LazyReset, ResetOutcome, SlotTable};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::ShardCounters;
+use crate::stats::counter_stripe;
 use crate::sync::{Arc, AtomicUsize, Ordering, thread};
 use crate::task::Task;
 use crossbeam_utils::CachePadded;
