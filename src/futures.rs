@@ -21,7 +21,7 @@ use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, RawWakerVTable, Waker};
 use std::time::{Duration, Instant};
 
 /// The task of a [`Sleep`]'s timer: wakes the waker of the poll that scheduled it. A `Waker` is
@@ -97,6 +97,30 @@ impl TimerSlot {
     }
 }
 
+/// Which waker an armed [`Sleep`]'s timer task holds: its data and vtable addresses, compared
+/// as [`Waker::will_wake`] compares two wakers. Kept instead of a clone of the waker (which
+/// would cost a second clone per arm, and its drop).
+///
+/// An address alone could be reused by another waker once the one it named is gone. The one
+/// named here is the task's own waker, which lives as long as the task: until the task runs
+/// (the shard marks the timer FIRED first) or the shard drops it (after the timer left PENDING).
+/// So a poll that has just read the timer PENDING compares with a waker that is alive, as is
+/// the poll's own: equal addresses are then the same waker, never a reuse.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct WakerIdentity {
+    data: usize,
+    vtable: usize,
+}
+
+impl WakerIdentity {
+    fn of(waker: &Waker) -> WakerIdentity {
+        WakerIdentity {
+            data: waker.data().addr(),
+            vtable: std::ptr::from_ref::<RawWakerVTable>(waker.vtable()).addr(),
+        }
+    }
+}
+
 /// A future that completes at a deadline: see [`Timer::sleep`](crate::Timer::sleep) and
 /// [`sleep`](crate::sleep()). Like `tokio::time::Sleep`.
 ///
@@ -114,8 +138,8 @@ impl TimerSlot {
 /// | elapsed | ready | unarmed, with the new deadline | nothing |
 ///
 /// No wake-up is lost: a poll that returns pending either scheduled the timer for its own
-/// waker, or found the timer pending (its state read after the cancel-or-keep decision) with a
-/// waker that wakes the same task. A timer that fires while a poll replaces it makes that
+/// waker, or found the timer pending with a waker that wakes the same task (the sleep keeps the
+/// identity of the waker the timer's task holds, not a clone: see `WakerIdentity`). A timer that fires while a poll replaces it makes that
 /// poll's `cancel` fail, and the poll completes instead. On a manual clock, a poll that
 /// schedules looks at the time again afterwards, since the shard turns only in `advance`.
 ///
@@ -136,11 +160,12 @@ impl TimerSlot {
 pub struct Sleep {
     engine: EngineRef,
     deadline: Instant,
-    /// Armed: (a clone of) the waker the timer's task wakes. `None`: unarmed.
-    waker: Option<Waker>,
-    /// The armed sleep's timer; meaningless while unarmed. Beside `waker` rather than with it
-    /// in one `Option`, which would make a `Sleep` 8 bytes longer.
+    /// Whether a timer is scheduled: `timer` and `waker` mean something only then.
+    armed: bool,
+    /// The armed sleep's timer.
     timer: TimerSlot,
+    /// The waker its task wakes.
+    waker: WakerIdentity,
     elapsed: bool,
 }
 
@@ -148,7 +173,7 @@ impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sleep")
             .field("deadline", &self.deadline)
-            .field("armed", &self.waker.is_some())
+            .field("armed", &self.armed)
             .field("elapsed", &self.elapsed)
             .finish()
     }
@@ -160,8 +185,9 @@ impl Sleep {
         Sleep {
             engine,
             deadline,
-            waker: None,
+            armed: false,
             timer: TimerSlot::default(),
+            waker: WakerIdentity::default(),
             elapsed: false,
         }
     }
@@ -187,8 +213,7 @@ impl Sleep {
 
     /// Whether the deadline has passed: a poll saw it, or the timer has fired.
     pub fn is_elapsed(&self) -> bool {
-        self.elapsed
-            || (self.waker.is_some() && self.timer.state(&self.engine) == TimerState::Expired)
+        self.elapsed || (self.armed && self.timer.state(&self.engine) == TimerState::Expired)
     }
 
     /// Moves the deadline (earlier or later), also after completion, in tokio's form:
@@ -199,10 +224,10 @@ impl Sleep {
         let this = self.get_mut();
         this.deadline = deadline;
         this.elapsed = false;
-        if this.waker.is_some() && !this.timer.reset_at(&this.engine, deadline) {
+        if this.armed && !this.timer.reset_at(&this.engine, deadline) {
             // It fired (or shutdown cancelled it): the next poll schedules anew.
             this.timer.release(&this.engine);
-            this.waker = None;
+            this.armed = false;
         }
     }
 
@@ -211,7 +236,9 @@ impl Sleep {
         let engine = &self.engine;
         let clock = engine.clock.clock();
         let tick = engine.clock.tick_at(self.deadline);
-        match engine.submit_slot(tick, wake_task(waker.clone())) {
+        let task_waker = waker.clone();
+        let identity = WakerIdentity::of(&task_waker);
+        match engine.submit_slot(tick, wake_task(task_waker)) {
             Ok((shard, index, generation)) => {
                 // An engine cannot have 2^32 shards: each takes far more than a byte.
                 debug_assert!(u32::try_from(shard).is_ok());
@@ -231,7 +258,8 @@ impl Sleep {
                     return Poll::Ready(Ok(()));
                 }
                 self.timer = timer;
-                self.waker = Some(waker.clone());
+                self.waker = identity;
+                self.armed = true;
                 Poll::Pending
             }
             Err(error) => Poll::Ready(Err(error)),
@@ -250,28 +278,29 @@ impl Sleep {
             return Poll::Ready(Ok(()));
         }
         let clock = this.engine.clock.clock();
-        let Some(armed_waker) = &this.waker else {
+        if !this.armed {
             // Lazy registration: the first poll that finds the deadline ahead schedules.
             if clock.now() >= this.deadline {
                 this.elapsed = true;
                 return Poll::Ready(Ok(()));
             }
             return this.arm(cx.waker());
-        };
+        }
         let engine = &this.engine;
         let timer = this.timer;
         let mut state = timer.state(engine);
         // The deadline may have passed without the shard having turned yet (a manual clock
         // moves only on `advance`): time, not the shard, decides.
         if state == TimerState::Pending && clock.now_ordered() < this.deadline {
-            if armed_waker.will_wake(cx.waker()) {
+            // The timer is pending, so its task's waker is alive: see `WakerIdentity`.
+            if this.waker == WakerIdentity::of(cx.waker()) {
                 return Poll::Pending;
             }
             // Another task polls: the timer's task would wake the old one. Replace the timer,
             // unless it fired (or shutdown cancelled it) meanwhile.
             if timer.cancel(engine) {
                 timer.release(engine);
-                this.waker = None;
+                this.armed = false;
                 return this.arm(cx.waker());
             }
             state = timer.state(engine);
@@ -283,7 +312,7 @@ impl Sleep {
                 } else {
                     timer.release(engine);
                 }
-                this.waker = None;
+                this.armed = false;
                 this.elapsed = true;
                 Poll::Ready(Ok(()))
             }
@@ -292,7 +321,7 @@ impl Sleep {
             TimerState::Cancelled => {
                 let error = timer.shard(engine).closed_error();
                 timer.release(engine);
-                this.waker = None;
+                this.armed = false;
                 Poll::Ready(Err(error))
             }
         }
@@ -325,7 +354,7 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if self.waker.is_some() {
+        if self.armed {
             self.timer.cancel_and_release(&self.engine);
         }
     }
