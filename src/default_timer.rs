@@ -81,7 +81,18 @@ pub fn set_default_timer(builder: Builder) -> Result<&'static Timer, DefaultTime
 
 /// The default timer for the free functions; panics (with the reason) if it cannot be built.
 #[track_caller]
+#[inline]
 fn default() -> &'static Timer {
+    match DEFAULT.get() {
+        Some(timer) => timer,
+        None => build_default(),
+    }
+}
+
+/// [`default`] the first time: builds the default timer.
+#[track_caller]
+#[cold]
+fn build_default() -> &'static Timer {
     match default_timer() {
         Ok(timer) => timer,
         Err(error) => panic!("shardwheel: could not build the default timer: {error}"),

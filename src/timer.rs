@@ -216,6 +216,7 @@ impl Timer {
 
     /// The deadline of a sleep of `delay` from now; beyond representable time, one that never
     /// comes.
+    #[inline]
     pub(crate) fn deadline_after(&self, delay: Duration) -> Instant {
         let now = self.clock().now();
         now.checked_add(delay)
