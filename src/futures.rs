@@ -139,8 +139,9 @@ impl WakerIdentity {
 ///
 /// No wake-up is lost: a poll that returns pending either scheduled the timer for its own
 /// waker, or found the timer pending with a waker that wakes the same task (the sleep keeps the
-/// identity of the waker the timer's task holds, not a clone: see `WakerIdentity`). A timer that fires while a poll replaces it makes that
-/// poll's `cancel` fail, and the poll completes instead. On a manual clock, a poll that
+/// identity of the waker the timer's task holds, not a clone: see `WakerIdentity`). A timer
+/// that fires while a poll replaces it makes that poll's `cancel` fail, and the poll completes
+/// instead. On a manual clock, a poll that
 /// schedules looks at the time again afterwards, since the shard turns only in `advance`.
 ///
 /// It completes once the deadline has passed, never before (deadlines round up to the engine's

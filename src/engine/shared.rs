@@ -183,7 +183,7 @@ impl ShardShared {
         if !self.slots.cancel(index, generation) {
             return false;
         }
-        self.cancelled(index, generation);
+        self.after_cancel(index, generation);
         true
     }
 
@@ -194,7 +194,7 @@ impl ShardShared {
         if !self.slots.cancel_and_release(index, generation) {
             return false;
         }
-        self.cancelled(index, generation);
+        self.after_cancel(index, generation);
         true
     }
 
@@ -202,7 +202,7 @@ impl ShardShared {
     /// CANCELLED ([`cancel`](Self::cancel), [`cancel_and_release`](Self::cancel_and_release)):
     /// count it and tell the shard. Touches no slot (after `cancel_and_release` the caller
     /// holds no handle keeping it).
-    fn cancelled(&self, index: u32, generation: u32) {
+    fn after_cancel(&self, index: u32, generation: u32) {
         self.count_cancelled(1);
         #[cfg(feature = "test-hooks")]
         super::handle::cancel_hook::after_cancel_transition();
