@@ -135,6 +135,62 @@ impl Clock {
     }
 }
 
+/// Division of nanoseconds by the tick length without a division instruction (every schedule
+/// turns its deadline into a tick): a multiplication by a precomputed reciprocal, then one
+/// correction step. Exact: the same quotient as the division.
+///
+/// With `r = floor(2^64 / d)` (`d >= 2`), `floor(n * r / 2^64)` is `floor(n / d)` or one less,
+/// for every `n < 2^64`: `r = 2^64 / d - e` with `0 <= e < 1`, so `n * r / 2^64` falls short
+/// of `n / d` by `n * e / 2^64 < 1`. The remainder `n - q * d` then tells which (it is below
+/// `d` exactly when `q` is the quotient).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TickDivisor {
+    /// The divisor `d`, at least 1.
+    tick_nanos: u64,
+    /// `floor(2^64 / d)`; 0 for `d = 1`, which divides by nothing.
+    reciprocal: u64,
+}
+
+impl TickDivisor {
+    pub(crate) fn new(tick_nanos: u64) -> TickDivisor {
+        let tick_nanos = tick_nanos.max(1);
+        let reciprocal = if tick_nanos == 1 {
+            0
+        } else {
+            ((1u128 << 64) / tick_nanos as u128) as u64
+        };
+        TickDivisor {
+            tick_nanos,
+            reciprocal,
+        }
+    }
+
+    /// `(nanos / d, nanos % d)`.
+    #[inline]
+    pub(crate) fn div_rem(self, nanos: u64) -> (u64, u64) {
+        if self.tick_nanos == 1 {
+            return (nanos, 0);
+        }
+        let mut quotient = ((nanos as u128 * self.reciprocal as u128) >> 64) as u64;
+        // No overflow: `quotient <= nanos / d`.
+        let mut remainder = nanos - quotient * self.tick_nanos;
+        if remainder >= self.tick_nanos {
+            quotient += 1;
+            remainder -= self.tick_nanos;
+        }
+        (quotient, remainder)
+    }
+
+    /// `nanos / d`, rounded up.
+    #[inline]
+    pub(crate) fn div_ceil(self, nanos: u64) -> u64 {
+        let (quotient, remainder) = self.div_rem(nanos);
+        // No overflow: for `d >= 2` the quotient is below `u64::MAX`; for `d = 1` there is no
+        // remainder.
+        quotient + u64::from(remainder != 0)
+    }
+}
+
 /// A clock seen in ticks of a fixed length since a fixed origin: how shards and handles turn
 /// instants into wheel deadlines.
 #[derive(Clone, Debug)]
@@ -142,6 +198,8 @@ pub(crate) struct TickClock {
     clock: Clock,
     origin: Instant,
     tick_nanos: u64,
+    /// Divides by `tick_nanos`.
+    divisor: TickDivisor,
     /// For the system clock: `origin` in nanoseconds since the cycle clock's origin, so that
     /// [`tick_after`](Self::tick_after) can read the cheap cycle clock.
     cycle_offset: Option<u64>,
@@ -161,6 +219,7 @@ impl TickClock {
             clock,
             origin,
             tick_nanos,
+            divisor: TickDivisor::new(tick_nanos),
             cycle_offset,
         }
     }
@@ -188,19 +247,36 @@ impl TickClock {
     /// The current tick: the number of whole ticks since the origin. A timer whose deadline
     /// tick is at or before it is due, and is never early, because deadlines round up.
     pub(crate) fn now_tick(&self) -> u64 {
-        self.now_nanos() / self.tick_nanos
+        self.divisor.div_rem(self.now_nanos()).0
     }
 
     /// The first tick at or after `instant` (0 for an instant before the origin).
+    #[inline]
     pub(crate) fn tick_at(&self, instant: Instant) -> u64 {
-        let nanos = instant.saturating_duration_since(self.origin).as_nanos();
-        let ticks = nanos.div_ceil(self.tick_nanos as u128);
+        let since = instant.saturating_duration_since(self.origin);
+        // Within about 584 years of the origin the nanoseconds fit a u64.
+        match since
+            .as_secs()
+            .checked_mul(1_000_000_000)
+            .and_then(|nanos| nanos.checked_add(u64::from(since.subsec_nanos())))
+        {
+            Some(nanos) => self.tick_at_nanos(nanos),
+            None => self.tick_at_far(since),
+        }
+    }
+
+    /// [`tick_at`](Self::tick_at) for an instant whose nanoseconds since the origin do not fit
+    /// a u64.
+    #[cold]
+    fn tick_at_far(&self, since: Duration) -> u64 {
+        let ticks = since.as_nanos().div_ceil(self.tick_nanos as u128);
         u64::try_from(ticks).unwrap_or(u64::MAX)
     }
 
     /// The first tick at or after `nanos` nanoseconds since the origin.
+    #[inline]
     pub(crate) fn tick_at_nanos(&self, nanos: u64) -> u64 {
-        nanos.div_ceil(self.tick_nanos)
+        self.divisor.div_ceil(nanos)
     }
 
     /// The deadline tick `delay` from now (`u64::MAX` if that is beyond representable time).
@@ -264,5 +340,118 @@ pub(crate) fn far_future(now: Instant) -> Instant {
             return instant;
         }
         ahead /= 2;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Divisors at the edges: 1, small, the 1 ms tick, powers of two and their neighbours, the
+    /// largest.
+    const EDGE_DIVISORS: [u64; 12] = [
+        1,
+        2,
+        3,
+        7,
+        1_000,
+        1_000_000,
+        1_000_000_007,
+        1 << 32,
+        (1 << 63) - 1,
+        1 << 63,
+        (1 << 63) + 1,
+        u64::MAX,
+    ];
+
+    /// Dividends at the edges for divisor `d`: 0, around `d` and its multiples, the largest.
+    fn edge_dividends(d: u64) -> Vec<u64> {
+        let mut dividends = vec![0, 1, 2, u64::MAX, u64::MAX - 1, u64::MAX / 2];
+        for multiple in [1, 2, 3, 1000, u64::MAX / d, u64::MAX / d - 1] {
+            if let Some(n) = d.checked_mul(multiple) {
+                dividends.extend([n.saturating_sub(1), n, n.saturating_add(1)]);
+            }
+        }
+        dividends
+    }
+
+    fn check_divisor(d: u64, n: u64) {
+        let divisor = TickDivisor::new(d);
+        assert_eq!(divisor.div_rem(n), (n / d, n % d), "{n} / {d}");
+        assert_eq!(divisor.div_ceil(n), n.div_ceil(d), "{n} / {d} rounded up");
+    }
+
+    #[test]
+    fn tick_divisor_is_exact_at_the_edges() {
+        for d in EDGE_DIVISORS {
+            for n in edge_dividends(d) {
+                check_divisor(d, n);
+            }
+        }
+    }
+
+    /// `tick_at` against the exact u128 division, at `origin + since`.
+    fn check_tick_at(tick_nanos: u64, since: Duration) {
+        let clock = TickClock::new(Clock::system(), Duration::from_nanos(tick_nanos));
+        let Some(instant) = clock.origin.checked_add(since) else {
+            return;
+        };
+        let exact = u64::try_from(since.as_nanos().div_ceil(u128::from(clock.tick_nanos)))
+            .unwrap_or(u64::MAX);
+        assert_eq!(
+            clock.tick_at(instant),
+            exact,
+            "{since:?} in ticks of {tick_nanos} ns"
+        );
+    }
+
+    #[test]
+    fn tick_at_rounds_up_exactly_at_the_edges() {
+        for d in EDGE_DIVISORS {
+            for n in edge_dividends(d) {
+                check_tick_at(d, Duration::from_nanos(n));
+            }
+            // Beyond u64 nanoseconds (the far path), and an instant before the origin.
+            check_tick_at(d, Duration::new(u64::MAX / 1_000_000_000 + 1, 0));
+            check_tick_at(d, Duration::new(u64::MAX / 1_000_000_000, 999_999_999));
+            check_tick_at(d, Duration::new(u64::MAX >> 2, 5));
+        }
+        let clock = TickClock::new(Clock::system(), Duration::from_millis(1));
+        if let Some(before) = clock.origin.checked_sub(Duration::from_secs(1)) {
+            assert_eq!(clock.tick_at(before), 0);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn tick_divisor_is_exact(d in 1u64.., n in any::<u64>()) {
+            check_divisor(d, n);
+        }
+
+        #[test]
+        fn tick_divisor_is_exact_for_small_divisors(d in 1u64..10_000_000, n in any::<u64>()) {
+            check_divisor(d, n);
+            // Exact multiples, and their neighbours.
+            let multiple = (n / d) * d;
+            check_divisor(d, multiple);
+            check_divisor(d, multiple.saturating_sub(1));
+            check_divisor(d, multiple.saturating_add(1));
+        }
+
+        #[test]
+        fn tick_at_matches_the_exact_division(
+            d in prop_oneof![Just(1_000_000u64), 1u64..2_000_000, 1u64..],
+            secs in prop_oneof![0u64..1_000_000, any::<u64>()],
+            subsec in 0u32..1_000_000_000,
+            ticks in prop_oneof![0u64..1_000_000_000_000, any::<u64>()],
+            offset in prop_oneof![Just(0i64), Just(-1), Just(1), -1_000_000_000i64..1_000_000_000],
+        ) {
+            check_tick_at(d, Duration::new(secs, subsec));
+            // Near an exact multiple of the tick.
+            if let Some(multiple) = ticks.checked_mul(d) {
+                check_tick_at(d, Duration::from_nanos(multiple.saturating_add_signed(offset)));
+            }
+        }
     }
 }

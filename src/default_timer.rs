@@ -4,7 +4,9 @@
 //!
 //! The default timer is built with [`Timer::new`]'s defaults at the first call of any of them
 //! (or of [`default_timer`]), unless [`set_default_timer`] built it before from a [`Builder`].
-//! It lives as long as the process and is never shut down.
+//! It lives as long as the process and is never shut down, so its sleeps refer to its engine
+//! by a plain `&'static` reference (`Timer::static_engine_ref`), with no reference count to
+//! bump per sleep.
 
 use crate::error::{BuildError, DefaultTimerError};
 use crate::futures::{Interval, Sleep, Timeout};
@@ -79,7 +81,18 @@ pub fn set_default_timer(builder: Builder) -> Result<&'static Timer, DefaultTime
 
 /// The default timer for the free functions; panics (with the reason) if it cannot be built.
 #[track_caller]
+#[inline]
 fn default() -> &'static Timer {
+    match DEFAULT.get() {
+        Some(timer) => timer,
+        None => build_default(),
+    }
+}
+
+/// [`default`] the first time: builds the default timer.
+#[track_caller]
+#[cold]
+fn build_default() -> &'static Timer {
     match default_timer() {
         Ok(timer) => timer,
         Err(error) => panic!("shardwheel: could not build the default timer: {error}"),
@@ -98,14 +111,15 @@ fn default() -> &'static Timer {
 /// ```
 #[track_caller]
 pub fn sleep(delay: Duration) -> Sleep {
-    default().sleep(delay)
+    let timer = default();
+    Sleep::new(timer.static_engine_ref(), timer.deadline_after(delay))
 }
 
 /// [`Timer::sleep_until`] on the default timer (`tokio::time::sleep_until`). Panics as
 /// [`sleep`] does.
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    default().sleep_until(deadline)
+    Sleep::new(default().static_engine_ref(), deadline)
 }
 
 /// [`Timer::timeout`] on the default timer (`tokio::time::timeout`). Panics as [`sleep`] does.
@@ -120,26 +134,26 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 /// ```
 #[track_caller]
 pub fn timeout<F: IntoFuture>(delay: Duration, future: F) -> Timeout<F::IntoFuture> {
-    default().timeout(delay, future)
+    Timeout::new(future.into_future(), sleep(delay))
 }
 
 /// [`Timer::timeout_at`] on the default timer (`tokio::time::timeout_at`). Panics as [`sleep`]
 /// does.
 #[track_caller]
 pub fn timeout_at<F: IntoFuture>(deadline: Instant, future: F) -> Timeout<F::IntoFuture> {
-    default().timeout_at(deadline, future)
+    Timeout::new(future.into_future(), sleep_until(deadline))
 }
 
 /// [`Timer::interval`] on the default timer (`tokio::time::interval`): the first tick at once.
 /// Panics as [`sleep`] does, and if `period` is zero.
 #[track_caller]
 pub fn interval(period: Duration) -> Interval {
-    default().interval(period)
+    interval_at(default().clock().now(), period)
 }
 
 /// [`Timer::interval_at`] on the default timer (`tokio::time::interval_at`). Panics as
 /// [`interval`] does.
 #[track_caller]
 pub fn interval_at(start: Instant, period: Duration) -> Interval {
-    default().interval_at(start, period)
+    Interval::new(sleep_until(start), period)
 }

@@ -12,15 +12,17 @@
 
 use crate::TimerState;
 use crate::engine::Engine;
-use crate::engine::handle::TimerHandle;
+use crate::engine::shared::ShardShared;
+use crate::engine::stage::StagedAt;
 use crate::error::ScheduleError;
 use crate::periodic::MissedTickBehavior;
 use crate::sync::Arc;
 use crate::task::Task;
 use std::fmt;
 use std::future::Future;
+use std::ops::Deref;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, RawWakerVTable, Waker};
 use std::time::{Duration, Instant};
 
 /// The task of a [`Sleep`]'s timer: wakes the waker of the poll that scheduled it. A `Waker` is
@@ -29,10 +31,104 @@ fn wake_task(waker: Waker) -> Task {
     Task::new_inline(move || waker.wake())
 }
 
-/// A [`Sleep`]'s timer and (a clone of) the waker its task wakes.
-struct Armed {
-    timer: TimerHandle,
-    waker: Waker,
+/// How a [`Sleep`] refers to its engine.
+pub(crate) enum EngineRef {
+    /// The engine of a timer that is never dropped (the process-wide default timer): free to
+    /// copy, no reference count to bump on every sleep.
+    Static(&'static Engine),
+    /// Any other timer's engine.
+    Shared(Arc<Engine>),
+}
+
+impl Deref for EngineRef {
+    type Target = Engine;
+
+    #[inline]
+    fn deref(&self) -> &Engine {
+        match self {
+            EngineRef::Static(engine) => engine,
+            EngineRef::Shared(engine) => engine,
+        }
+    }
+}
+
+/// An armed [`Sleep`]'s timer: its shard's ordinal in the engine's `shards` and its slot. Like
+/// a [`TimerHandle`](crate::TimerHandle) it owns one of the handles its slot counts, but it
+/// holds no `Arc` of the shard (the sleep keeps the engine alive): whoever disarms the sleep
+/// lets go of that handle ([`release`](Self::release) or
+/// [`cancel_and_release`](Self::cancel_and_release)).
+#[derive(Clone, Copy, Default)]
+struct TimerSlot {
+    shard: u32,
+    index: u32,
+    generation: u32,
+    /// Where the timer was staged (see [`stage`](crate::engine::stage)), if it was.
+    staged: Option<StagedAt>,
+}
+
+impl TimerSlot {
+    #[inline]
+    fn shard(self, engine: &Engine) -> &ShardShared {
+        &engine.shards[self.shard as usize]
+    }
+
+    /// [`TimerHandle::state`](crate::TimerHandle::state).
+    fn state(self, engine: &Engine) -> TimerState {
+        self.shard(engine).slots.state(self.index, self.generation)
+    }
+
+    /// [`TimerHandle::cancel`](crate::TimerHandle::cancel); the handle stays.
+    fn cancel(self, engine: &Engine) -> bool {
+        self.shard(engine).cancel(self.index, self.generation)
+    }
+
+    /// [`TimerHandle::reset_at`](crate::TimerHandle::reset_at).
+    fn reset_at(self, engine: &Engine, deadline: Instant) -> bool {
+        let shard = self.shard(engine);
+        shard.reset(self.index, self.generation, shard.clock.tick_at(deadline))
+    }
+
+    /// Lets go of the handle (as dropping a `TimerHandle` does).
+    fn release(self, engine: &Engine) {
+        self.shard(engine).slots.drop_handle(self.index);
+    }
+
+    /// Cancels the timer (if pending) and lets go of the handle: on the thread that staged it,
+    /// before its shard adopted it, by taking it back (`ShardShared::retract`: the shard never
+    /// sees it); else in one compare-and-swap.
+    fn cancel_and_release(self, engine: &Engine) {
+        let shard = self.shard(engine);
+        if let Some(at) = self.staged
+            && shard.retract(at, self.index, self.generation)
+        {
+            return;
+        }
+        shard.cancel_and_release(self.index, self.generation);
+    }
+}
+
+/// Which waker an armed [`Sleep`]'s timer task holds: its data and vtable addresses, compared
+/// as [`Waker::will_wake`] compares two wakers. Kept instead of a clone of the waker (which
+/// would cost a second clone per arm, and its drop).
+///
+/// An address alone could be reused by another waker once the one it named is gone. The one
+/// named here is the task's own waker, which lives as long as the task: until the task runs
+/// (the shard marks the timer FIRED first) or the shard drops it (after the timer left PENDING).
+/// So a poll that has just read the timer PENDING compares with a waker that is alive, as is
+/// the poll's own: equal addresses are then the same waker, never a reuse.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct WakerIdentity {
+    data: usize,
+    vtable: usize,
+}
+
+impl WakerIdentity {
+    fn of(waker: &Waker) -> WakerIdentity {
+        WakerIdentity {
+            data: waker.data().addr(),
+            vtable: std::ptr::from_ref::<RawWakerVTable>(waker.vtable()).addr(),
+        }
+    }
 }
 
 /// A future that completes at a deadline: see [`Timer::sleep`](crate::Timer::sleep) and
@@ -52,9 +148,10 @@ struct Armed {
 /// | elapsed | ready | unarmed, with the new deadline | nothing |
 ///
 /// No wake-up is lost: a poll that returns pending either scheduled the timer for its own
-/// waker, or found the timer pending (its state read after the cancel-or-keep decision) with a
-/// waker that wakes the same task. A timer that fires while a poll replaces it makes that
-/// poll's `cancel` fail, and the poll completes instead. On a manual clock, a poll that
+/// waker, or found the timer pending with a waker that wakes the same task (the sleep keeps the
+/// identity of the waker the timer's task holds, not a clone: see `WakerIdentity`). A timer
+/// that fires while a poll replaces it makes that poll's `cancel` fail, and the poll completes
+/// instead. On a manual clock, a poll that
 /// schedules looks at the time again afterwards, since the shard turns only in `advance`.
 ///
 /// It completes once the deadline has passed, never before (deadlines round up to the engine's
@@ -72,9 +169,14 @@ struct Armed {
 /// `Err(ScheduleError::Shutdown)`. The process-wide default timer is never shut down.
 #[must_use = "a Sleep does nothing unless awaited"]
 pub struct Sleep {
-    engine: Arc<Engine>,
+    engine: EngineRef,
     deadline: Instant,
-    armed: Option<Armed>,
+    /// Whether a timer is scheduled: `timer` and `waker` mean something only then.
+    armed: bool,
+    /// The armed sleep's timer.
+    timer: TimerSlot,
+    /// The waker its task wakes.
+    waker: WakerIdentity,
     elapsed: bool,
 }
 
@@ -82,7 +184,7 @@ impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sleep")
             .field("deadline", &self.deadline)
-            .field("armed", &self.armed.is_some())
+            .field("armed", &self.armed)
             .field("elapsed", &self.elapsed)
             .finish()
     }
@@ -90,20 +192,22 @@ impl fmt::Debug for Sleep {
 
 impl Sleep {
     /// A sleep until `deadline` on `engine`, not scheduled yet.
-    pub(crate) fn new(engine: &Arc<Engine>, deadline: Instant) -> Sleep {
+    pub(crate) fn new(engine: EngineRef, deadline: Instant) -> Sleep {
         Sleep {
-            engine: engine.clone(),
+            engine,
             deadline,
-            armed: None,
+            armed: false,
+            timer: TimerSlot::default(),
+            waker: WakerIdentity::default(),
             elapsed: false,
         }
     }
 
     /// A sleep until `deadline` whose timer is scheduled now (unless the deadline has passed),
     /// with no waker yet: its first pending poll replaces the timer with one for its waker.
-    pub(crate) fn armed(engine: &Arc<Engine>, deadline: Instant) -> Result<Sleep, ScheduleError> {
+    pub(crate) fn armed(engine: EngineRef, deadline: Instant) -> Result<Sleep, ScheduleError> {
         let mut sleep = Sleep::new(engine, deadline);
-        if engine.clock.clock().now() >= deadline {
+        if sleep.engine.clock.clock().now() >= deadline {
             sleep.elapsed = true;
             return Ok(sleep);
         }
@@ -120,11 +224,7 @@ impl Sleep {
 
     /// Whether the deadline has passed: a poll saw it, or the timer has fired.
     pub fn is_elapsed(&self) -> bool {
-        self.elapsed
-            || self
-                .armed
-                .as_ref()
-                .is_some_and(|armed| armed.timer.state() == TimerState::Expired)
+        self.elapsed || (self.armed && self.timer.state(&self.engine) == TimerState::Expired)
     }
 
     /// Moves the deadline (earlier or later), also after completion, in tokio's form:
@@ -135,11 +235,10 @@ impl Sleep {
         let this = self.get_mut();
         this.deadline = deadline;
         this.elapsed = false;
-        if let Some(armed) = &this.armed
-            && !armed.timer.reset_at(deadline)
-        {
+        if this.armed && !this.timer.reset_at(&this.engine, deadline) {
             // It fired (or shutdown cancelled it): the next poll schedules anew.
-            this.armed = None;
+            this.timer.release(&this.engine);
+            this.armed = false;
         }
     }
 
@@ -148,22 +247,31 @@ impl Sleep {
         let engine = &self.engine;
         let clock = engine.clock.clock();
         let tick = engine.clock.tick_at(self.deadline);
-        match engine.submit(tick, wake_task(waker.clone())) {
-            // A manual clock's shard turns only in `advance`: one that passed the deadline and
-            // drove the shard before the timer reached it would leave the timer to the next
-            // advance. Look at the time again (`now_ordered`: either it shows that advance, or
-            // that advance's drive saw the timer). The `sleep_first_poll_*` loom model
-            // deadlocks without this. The system clock's shard turns by itself.
-            Ok(timer) if clock.is_manual() && clock.now_ordered() >= self.deadline => {
-                timer.cancel();
-                self.elapsed = true;
-                Poll::Ready(Ok(()))
-            }
-            Ok(timer) => {
-                self.armed = Some(Armed {
-                    timer,
-                    waker: waker.clone(),
-                });
+        let task_waker = waker.clone();
+        let identity = WakerIdentity::of(&task_waker);
+        match engine.submit_slot(tick, wake_task(task_waker)) {
+            Ok((shard, index, generation, staged)) => {
+                // An engine cannot have 2^32 shards: each takes far more than a byte.
+                debug_assert!(u32::try_from(shard).is_ok());
+                let timer = TimerSlot {
+                    shard: shard as u32,
+                    index,
+                    generation,
+                    staged,
+                };
+                // A manual clock's shard turns only in `advance`: one that passed the deadline
+                // and drove the shard before the timer reached it would leave the timer to the
+                // next advance. Look at the time again (`now_ordered`: either it shows that
+                // advance, or that advance's drive saw the timer). The `sleep_first_poll_*` loom
+                // model deadlocks without this. The system clock's shard turns by itself.
+                if clock.is_manual() && clock.now_ordered() >= self.deadline {
+                    timer.cancel_and_release(engine);
+                    self.elapsed = true;
+                    return Poll::Ready(Ok(()));
+                }
+                self.timer = timer;
+                self.waker = identity;
+                self.armed = true;
                 Poll::Pending
             }
             Err(error) => Poll::Ready(Err(error)),
@@ -182,43 +290,50 @@ impl Sleep {
             return Poll::Ready(Ok(()));
         }
         let clock = this.engine.clock.clock();
-        let Some(armed) = &this.armed else {
+        if !this.armed {
             // Lazy registration: the first poll that finds the deadline ahead schedules.
             if clock.now() >= this.deadline {
                 this.elapsed = true;
                 return Poll::Ready(Ok(()));
             }
             return this.arm(cx.waker());
-        };
-        let mut state = armed.timer.state();
+        }
+        let engine = &this.engine;
+        let timer = this.timer;
+        let mut state = timer.state(engine);
         // The deadline may have passed without the shard having turned yet (a manual clock
         // moves only on `advance`): time, not the shard, decides.
         if state == TimerState::Pending && clock.now_ordered() < this.deadline {
-            if armed.waker.will_wake(cx.waker()) {
+            // The timer is pending, so its task's waker is alive: see `WakerIdentity`.
+            if this.waker == WakerIdentity::of(cx.waker()) {
                 return Poll::Pending;
             }
             // Another task polls: the timer's task would wake the old one. Replace the timer,
             // unless it fired (or shutdown cancelled it) meanwhile.
-            if armed.timer.cancel() {
-                this.armed = None;
+            if timer.cancel(engine) {
+                timer.release(engine);
+                this.armed = false;
                 return this.arm(cx.waker());
             }
-            state = armed.timer.state();
+            state = timer.state(engine);
         }
         match state {
             TimerState::Pending | TimerState::Expired => {
                 if state == TimerState::Pending {
-                    armed.timer.cancel();
+                    timer.cancel_and_release(engine);
+                } else {
+                    timer.release(engine);
                 }
-                this.armed = None;
+                this.armed = false;
                 this.elapsed = true;
                 Poll::Ready(Ok(()))
             }
             // Only shutdown, or the failure of its shard, cancels a sleep's timer from the
             // outside.
             TimerState::Cancelled => {
-                let error = armed.timer.shard.closed_error();
-                this.armed = None;
+                let error = timer.shard(engine).closed_error();
+                timer.release(engine);
+                this.armed = false;
                 Poll::Ready(Err(error))
             }
         }
@@ -251,8 +366,8 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if let Some(armed) = &self.armed {
-            armed.timer.cancel();
+        if self.armed {
+            self.timer.cancel_and_release(&self.engine);
         }
     }
 }
@@ -344,7 +459,13 @@ pub struct Interval {
 }
 
 impl Interval {
+    /// Panics if `period` is zero, as tokio's does (callers document it).
+    #[track_caller]
     pub(crate) fn new(sleep: Sleep, period: Duration) -> Interval {
+        assert!(
+            !period.is_zero(),
+            "shardwheel: an interval's `period` must be non-zero"
+        );
         Interval {
             sleep,
             period,

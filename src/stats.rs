@@ -1,12 +1,44 @@
 //! What the engine counts: totals and per shard, read with [`Timer::stats`](crate::Timer::stats).
 //!
 //! Counters are local to whoever does the work and summed on demand: submitters count
-//! schedules, cancellers count cancels, each shard counts fires, resets and lateness in plain
-//! fields and flushes them once per turn with `Relaxed` stores.
+//! schedules, cancellers count cancels, handles count in-place resets, each in a
+//! [`StripedCounter`] (striped by thread, [`counter_stripe`]); each shard counts fires, resets
+//! and lateness in plain fields and flushes them once per turn with `Relaxed` stores.
 
-use crate::sync::statistics::{AtomicBool, AtomicU64};
+use crate::sync::statistics::{AtomicBool, AtomicU64, AtomicUsize};
+use crate::sync::thread_local;
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+#[cfg(not(shardwheel_loom))]
+thread_local! {
+    /// This thread's stripe of striped counters; `usize::MAX` = unset.
+    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+// Loom's thread-locals take no `const` initializers.
+#[cfg(shardwheel_loom)]
+thread_local! {
+    static STRIPE: Cell<usize> = Cell::new(usize::MAX);
+}
+
+/// This thread's stripe ordinal: a number that differs between threads (the next one at the
+/// thread's first call), for [`StripedCounter`]s. Not the home-shard ordinal (see
+/// `engine/placement.rs`): taking one would pick a home shard for a thread that only resets
+/// timers.
+pub(crate) fn counter_stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    STRIPE.with(|stripe| {
+        let ordinal = stripe.get();
+        if ordinal != usize::MAX {
+            return ordinal;
+        }
+        let ordinal = NEXT.fetch_add(1, Ordering::Relaxed);
+        stripe.set(ordinal);
+        ordinal
+    })
+}
 
 /// Counters of one shard.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -126,24 +158,73 @@ impl LocalLateness {
     }
 }
 
-/// Stripes of the in-place reset counter.
-const RESET_STRIPES: usize = 4;
+/// Stripes of a [`StripedCounter`].
+const STRIPES: usize = 4;
+
+/// A counter that many threads bump (schedules, cancels, in-place resets of one shard's
+/// timers), striped by thread so that they do not all bump one cache line, and summed when
+/// read.
+///
+/// The first `STRIPES - 1` threads (by [`counter_stripe`]) each own a stripe and count with a
+/// plain load and store (no locked instruction, which would keep the caller's cache misses from
+/// overlapping the next operation's); all later threads share the last stripe and count
+/// atomically. Counts wrap, so a thread may take back what it counted (a schedule undone).
+#[derive(Default)]
+pub(crate) struct StripedCounter {
+    stripes: [crossbeam_utils::CachePadded<AtomicU64>; STRIPES],
+}
+
+impl StripedCounter {
+    /// Adds `count` for the thread whose stripe ordinal is `ordinal`.
+    #[inline]
+    pub(crate) fn add_at(&self, ordinal: usize, count: u64) {
+        if ordinal < STRIPES - 1 {
+            let stripe = &self.stripes[ordinal];
+            stripe.store(
+                stripe.load(Ordering::Relaxed).wrapping_add(count),
+                Ordering::Relaxed,
+            );
+        } else {
+            self.stripes[STRIPES - 1].fetch_add(count, Ordering::Relaxed);
+        }
+    }
+
+    /// Adds `count` for this thread. Named and called as `AtomicU64::fetch_add` (the ordering
+    /// is `Relaxed` whatever is asked: counts order nothing), so counting call sites read as
+    /// they did; returns nothing (a stripe's old value means nothing).
+    #[inline]
+    pub(crate) fn fetch_add(&self, count: u64, _: Ordering) {
+        self.add_at(counter_stripe(), count);
+    }
+
+    /// Takes back `count` this thread added (see [`fetch_add`](Self::fetch_add)).
+    #[inline]
+    pub(crate) fn fetch_sub(&self, count: u64, _: Ordering) {
+        self.add_at(counter_stripe(), count.wrapping_neg());
+    }
+
+    /// The count: the sum of the stripes (exact when no thread is counting).
+    pub(crate) fn sum(&self) -> u64 {
+        self.stripes.iter().fold(0, |sum, stripe| {
+            sum.wrapping_add(stripe.load(Ordering::Relaxed))
+        })
+    }
+}
 
 /// Counters of one shard that other threads read (and some of which they update).
 pub(crate) struct ShardCounters {
     /// Updated by submitters.
-    pub(crate) scheduled: crossbeam_utils::CachePadded<AtomicU64>,
+    pub(crate) scheduled: StripedCounter,
     /// Updated by cancellers and by shutdown.
-    pub(crate) cancelled: crossbeam_utils::CachePadded<AtomicU64>,
+    pub(crate) cancelled: StripedCounter,
     /// Updated by the executor.
     pub(crate) panicked: AtomicU64,
     /// Flushed by the shard.
     pub(crate) fired: AtomicU64,
     /// Flushed by the shard (resets of repeating timers, applied by the shard).
     pub(crate) reset: AtomicU64,
-    /// Resets done in place by handles, striped by thread so that threads resetting timers of
-    /// the same shard do not all bump one cache line (see `count_reset`).
-    lazy_resets: [crossbeam_utils::CachePadded<AtomicU64>; RESET_STRIPES],
+    /// Resets done in place by handles.
+    lazy_resets: StripedCounter,
     pub(crate) pinned: AtomicBool,
     /// Set by the shard's worker thread when it dies, before it closes the inbox (see
     /// `ShardShared::fail`).
@@ -175,18 +256,9 @@ impl ShardCounters {
     }
 
     /// Counts a reset done in place by the thread whose stripe ordinal is `ordinal`.
-    ///
-    /// The first `RESET_STRIPES - 1` threads each own a stripe and count with a plain load and
-    /// store (no locked instruction, which would keep the reset's cache miss from overlapping
-    /// the next one's); all later threads share the last stripe and count atomically.
     #[inline]
     pub(crate) fn count_reset(&self, ordinal: usize) {
-        if ordinal < RESET_STRIPES - 1 {
-            let stripe = &self.lazy_resets[ordinal];
-            stripe.store(stripe.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
-        } else {
-            self.lazy_resets[RESET_STRIPES - 1].fetch_add(1, Ordering::Relaxed);
-        }
+        self.lazy_resets.add_at(ordinal, 1);
     }
 
     /// Adds a shard's local lateness record and clears it.
@@ -206,8 +278,8 @@ impl ShardCounters {
 
     pub(crate) fn snapshot(&self) -> (ShardStats, Vec<u64>) {
         let fired = self.fired.load(Ordering::Relaxed);
-        let cancelled = self.cancelled.load(Ordering::Relaxed);
-        let scheduled = self.scheduled.load(Ordering::Relaxed);
+        let cancelled = self.cancelled.sum();
+        let scheduled = self.scheduled.sum();
         let counts: Vec<u64> = self
             .lateness
             .iter()
@@ -218,12 +290,7 @@ impl ShardCounters {
             scheduled,
             fired,
             cancelled,
-            reset: self.reset.load(Ordering::Relaxed)
-                + self
-                    .lazy_resets
-                    .iter()
-                    .map(|stripe| stripe.load(Ordering::Relaxed))
-                    .sum::<u64>(),
+            reset: self.reset.load(Ordering::Relaxed) + self.lazy_resets.sum(),
             panicked: self.panicked.load(Ordering::Relaxed),
             pending: scheduled.saturating_sub(fired + cancelled),
             pinned: self.pinned.load(Ordering::Relaxed),
@@ -283,6 +350,24 @@ pub(crate) fn total(shards: Vec<(ShardStats, Vec<u64>)>) -> Stats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn striped_counter_sums_every_thread_s_counts() {
+        let counter = StripedCounter::default();
+        // More threads than stripes: the owned stripes and the shared one.
+        std::thread::scope(|scope| {
+            for _ in 0..2 * STRIPES {
+                scope.spawn(|| {
+                    for _ in 0..100_000 {
+                        counter.fetch_add(3, Ordering::Relaxed);
+                        counter.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    counter.fetch_sub(1, Ordering::Relaxed);
+                });
+            }
+        });
+        assert_eq!(counter.sum(), (2 * STRIPES * 199_999) as u64);
+    }
 
     #[test]
     fn buckets_are_monotonic_and_cover() {

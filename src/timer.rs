@@ -6,7 +6,7 @@ use crate::engine::executor::Executor;
 use crate::engine::handoff::UnfiredTimer;
 use crate::engine::{Engine, Settings};
 use crate::error::{BuildError, ScheduleError};
-use crate::futures::{Interval, Sleep, Timeout};
+use crate::futures::{EngineRef, Interval, Sleep, Timeout};
 use crate::periodic::{Cadence, MissedTickBehavior, Repeating};
 use crate::stats::Stats;
 use crate::sync::{Arc, registry};
@@ -211,18 +211,33 @@ impl Timer {
     /// # }
     /// ```
     pub fn sleep(&self, delay: Duration) -> Sleep {
+        self.sleep_until(self.deadline_after(delay))
+    }
+
+    /// The deadline of a sleep of `delay` from now; beyond representable time, one that never
+    /// comes.
+    #[inline]
+    pub(crate) fn deadline_after(&self, delay: Duration) -> Instant {
         let now = self.clock().now();
-        // Beyond representable time: a sleep that never completes.
-        let deadline = now
-            .checked_add(delay)
-            .unwrap_or_else(|| crate::clock::far_future(now));
-        self.sleep_until(deadline)
+        now.checked_add(delay)
+            .unwrap_or_else(|| crate::clock::far_future(now))
+    }
+
+    /// How this timer's sleeps refer to its engine: by a counted reference.
+    fn engine_ref(&self) -> EngineRef {
+        EngineRef::Shared(self.inner.engine.clone())
+    }
+
+    /// How the sleeps of a timer that is never dropped (the default timer) refer to its engine:
+    /// by a plain reference, which costs no reference count per sleep.
+    pub(crate) fn static_engine_ref(&'static self) -> EngineRef {
+        EngineRef::Static(&self.inner.engine)
     }
 
     /// A future that completes at `deadline` (at its first poll if it has passed), as
     /// `tokio::time::sleep_until`. Otherwise as [`sleep`](Self::sleep).
     pub fn sleep_until(&self, deadline: Instant) -> Sleep {
-        Sleep::new(&self.inner.engine, deadline)
+        Sleep::new(self.engine_ref(), deadline)
     }
 
     /// Like [`sleep_until`](Self::sleep_until), but schedules the timer now (unless `deadline`
@@ -241,7 +256,7 @@ impl Timer {
     /// # }
     /// ```
     pub fn try_sleep_until(&self, deadline: Instant) -> Result<Sleep, ScheduleError> {
-        Sleep::armed(&self.inner.engine, deadline)
+        Sleep::armed(self.engine_ref(), deadline)
     }
 
     /// Runs `future` with a deadline `delay` from now (`tokio::time::timeout`): `Ok(output)` if
@@ -317,10 +332,6 @@ impl Timer {
     /// If `period` is zero, as tokio's does.
     #[track_caller]
     pub fn interval_at(&self, start: Instant, period: Duration) -> Interval {
-        assert!(
-            !period.is_zero(),
-            "shardwheel: an interval's `period` must be non-zero"
-        );
         Interval::new(self.sleep_until(start), period)
     }
 

@@ -119,9 +119,9 @@ fn dropping_pending_sleeps_cancels_their_timers_and_releases_them_at_once() {
         assert!(poll_once(sleep, &waker).is_pending());
     }
     assert_eq!(timer.pending(), SLEEPS);
-    // Each pending sleep and its timer's task hold a clone of the waker (plus `counter` and
-    // `waker` themselves).
-    assert_eq!(Arc::strong_count(&counter), 2 * SLEEPS + 2);
+    // Each pending sleep's timer task holds a clone of the waker (the sleep itself only its
+    // identity), plus `counter` and `waker` themselves.
+    assert_eq!(Arc::strong_count(&counter), SLEEPS + 2);
 
     let dropped_at = Instant::now();
     drop(sleeps);
@@ -130,8 +130,8 @@ fn dropping_pending_sleeps_cancels_their_timers_and_releases_them_at_once() {
     let after = timer.stats();
     assert_eq!(after.cancelled - before.cancelled, SLEEPS as u64);
     assert_eq!(timer.pending(), 0);
-    // The sleeps' clones went with them; the shard drops the cancelled timers' tasks (and with
-    // them their clones) at its next turn.
+    // The shard drops the cancelled timers' tasks (and with them their clones) at its next
+    // turn.
     assert!(
         wait_until(Duration::from_secs(5), || Arc::strong_count(&counter) == 2),
         "wakers still held: {}",
@@ -390,5 +390,6 @@ fn sizes_of_sleep_beside_tokio() {
         "size_of::<shardwheel::Sleep>() = {ours} (+ a 48-byte engine slot once polled), \
          size_of::<tokio::time::Sleep>() = {tokio} (timer entry inline)"
     );
-    assert!(ours <= 64, "Sleep grew to {ours} bytes");
+    // 72: the engine, the deadline, the timer slot with where it was staged, the waker identity.
+    assert!(ours <= 72, "Sleep grew to {ours} bytes");
 }

@@ -390,6 +390,46 @@ fn sleep_first_poll_registers_without_losing_the_wake_up() {
     });
 }
 
+/// Model 7c (async): an armed `Sleep` dropped (which cancels its timer and lets go of its
+/// handle in one compare-and-swap) while another thread advances the clock past its deadline:
+/// the timer ends exactly once (fired or cancelled, counted once), its `max_pending` place is
+/// given back, and a new sleep then schedules and completes.
+#[test]
+fn sleep_drop_vs_fire() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Context;
+    model(|| {
+        let clock = Clock::manual();
+        let timer = limited_manual_timer(&clock, 1);
+        let mut sleep = timer.sleep(MILLISECOND);
+        let (_woken, waker) = loom_waker();
+        let mut context = Context::from_waker(&waker);
+        assert!(Pin::new(&mut sleep).poll(&mut context).is_pending());
+        let firer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(2 * MILLISECOND))
+        };
+        drop(sleep);
+        firer.join().unwrap();
+        let stats = timer.stats();
+        assert_eq!(
+            (
+                stats.scheduled,
+                stats.fired + stats.cancelled,
+                stats.pending
+            ),
+            (1, 1, 0),
+            "the timer did not end exactly once: {stats:?}"
+        );
+        let mut again = timer
+            .try_sleep_until(clock.now() + MILLISECOND)
+            .expect("the dropped sleep's place was given back");
+        clock.advance(MILLISECOND);
+        assert!(Pin::new(&mut again).poll(&mut context).is_ready());
+    });
+}
+
 /// Model 8: a shard reclaims its slot table (`try_reclaim`: walk the free list, seal, empty,
 /// give the pages back) while a user thread frees the last slot and allocates. Every outcome
 /// must leave two distinct, pending timers, and no stale (index, generation) may touch them:
@@ -857,7 +897,11 @@ fn sleep_retract_vs_adoption() {
         // Applies the `Cancel` message, if the shard had adopted the timer.
         clock.advance(MILLISECOND);
         drop(waker);
-        assert_eq!(woken.woken.load(Ordering::SeqCst), 0, "a cancelled sleep woke");
+        assert_eq!(
+            woken.woken.load(Ordering::SeqCst),
+            0,
+            "a cancelled sleep woke"
+        );
         assert_eq!(
             std::sync::Arc::strong_count(&woken),
             1,

@@ -21,7 +21,8 @@
 //! # Thread numbers
 //!
 //! Each thread gets two numbers the first time it needs them, both kept in thread-locals: its
-//! home ordinal (above) and its [`counter_stripe`], which spreads striped counters. They are
+//! home ordinal (above) and its stripe of striped counters
+//! ([`counter_stripe`](crate::stats::counter_stripe), with the counters in `stats.rs`). They are
 //! separate so that a thread that only resets timers never picks a home shard.
 
 use crate::sync::thread_local;
@@ -31,15 +32,12 @@ use std::cell::Cell;
 thread_local! {
     /// This thread's home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
     static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
-    /// This thread's stripe of striped counters; `usize::MAX` = unset.
-    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
 }
 
 // Loom's thread-locals take no `const` initializers.
 #[cfg(shardwheel_loom)]
 thread_local! {
     static HOME: Cell<usize> = Cell::new(usize::MAX);
-    static STRIPE: Cell<usize> = Cell::new(usize::MAX);
 }
 
 /// Where the shards are, for choosing threads' home shards.
@@ -128,14 +126,6 @@ fn numbered(cell: &Cell<usize>, next: &crate::sync::statistics::AtomicUsize) -> 
     let value = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     cell.set(value);
     value
-}
-
-/// A number that differs between threads, for striped counters. Not the home ordinal: taking
-/// one would pick a home shard for a thread that only resets timers.
-pub(crate) fn counter_stripe() -> usize {
-    static NEXT: crate::sync::statistics::AtomicUsize =
-        crate::sync::statistics::AtomicUsize::new(0);
-    STRIPE.with(|stripe| numbered(stripe, &NEXT))
 }
 
 /// The CPU this thread runs on now (it may move at any time: only a placement hint).

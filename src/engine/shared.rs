@@ -5,12 +5,12 @@
 use super::executor::drop_contained;
 use super::inbox::{Inbox, PushOutcome};
 use super::message::Message;
-use super::placement::counter_stripe;
 use super::slot::{Adoption, LazyReset, ResetOutcome, SlotTable};
 use super::stage::{Meta, StagedAt, Stages};
 use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::ShardCounters;
+use crate::stats::counter_stripe;
 use crate::sync::{Arc, AtomicUsize, Ordering, thread};
 use crate::task::Task;
 use crossbeam_utils::CachePadded;
@@ -236,14 +236,33 @@ impl ShardShared {
         let Some(staged) = self.slots.cancel_staged(index, generation) else {
             return false;
         };
+        self.after_cancel(index, generation, staged);
+        true
+    }
+
+    /// [`cancel`](Self::cancel), and lets go of the caller's handle of the timer in the same
+    /// compare-and-swap ([`SlotTable::cancel_and_release`]): for a `Sleep` done with its timer.
+    /// True iff this call prevented the task from running.
+    pub(crate) fn cancel_and_release(&self, index: u32, generation: u32) -> bool {
+        let Some(staged) = self.slots.cancel_and_release(index, generation) else {
+            return false;
+        };
+        self.after_cancel(index, generation, staged);
+        true
+    }
+
+    /// What follows a handle's transition of timer `(index, generation)` out of PENDING into
+    /// CANCELLED ([`cancel`](Self::cancel), [`cancel_and_release`](Self::cancel_and_release)):
+    /// count it and tell the shard, unless the timer was still `staged` (its shard finds out
+    /// when it adopts it). Touches no slot (after `cancel_and_release` the caller holds no
+    /// handle keeping it).
+    fn after_cancel(&self, index: u32, generation: u32, staged: bool) {
         self.count_cancelled(1);
         #[cfg(feature = "test-hooks")]
         super::handle::cancel_hook::after_cancel_transition();
-        // A staged timer's shard finds out when it adopts it: no message.
         if !staged {
             self.send(Message::Cancel { index, generation }, u64::MAX);
         }
-        true
     }
 
     /// Moves timer `(index, generation)` to tick `deadline`: true iff it was still pending

@@ -79,13 +79,30 @@ pub(crate) struct Meta {
     pub(crate) deadline: u64,
 }
 
-/// Where a timer was staged: for [`Stages::retract`] by the thread that staged it. The stage
-/// is named by its address, never dereferenced from here.
+/// Where a timer was staged, for [`Stages::retract`] by the thread that staged it: the
+/// stage's number in its shard's registry and the cell's, in one word (a `Sleep` keeps it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StagedAt {
-    stage: usize,
-    position: u64,
+pub(crate) struct StagedAt(u32);
+
+/// Stages a shard registers at most (their numbers fit [`StagedAt`]); threads beyond take
+/// the inbox.
+const MAX_STAGES: usize = u16::MAX as usize;
+
+impl StagedAt {
+    fn new(stage: u16, position: u64) -> StagedAt {
+        StagedAt(u32::from(stage) << 16 | (position % CAPACITY) as u32)
+    }
+
+    fn stage(self) -> u16 {
+        (self.0 >> 16) as u16
+    }
+
+    fn cell(self) -> u64 {
+        u64::from(self.0 & 0xffff)
+    }
 }
+
+const _: () = assert!(CAPACITY <= 1 << 16, "cell numbers fit StagedAt");
 
 /// One cell of a stage.
 struct Cell {
@@ -114,6 +131,8 @@ pub(crate) struct Stage {
     orphaned: AtomicBool,
     /// The shard is gone: threads forget the stage.
     shard_gone: AtomicBool,
+    /// Its place in the shard's registry.
+    number: u16,
     cells: Box<[Cell]>,
 }
 
@@ -129,8 +148,9 @@ unsafe impl Send for Stage {}
 unsafe impl Sync for Stage {}
 
 impl Stage {
-    fn new() -> Stage {
+    fn new(number: u16) -> Stage {
         Stage {
+            number,
             producer: CachePadded::new(ProducerSide {
                 tail: AtomicU64::new(0),
                 head_seen: AtomicU64::new(0),
@@ -178,14 +198,14 @@ impl Stage {
             cell.task.with_mut(|slot| (*slot).write(task));
         }
         crate::sync::swap_then_fence(&producer.tail, tail + 1, Ordering::AcqRel);
-        let at = StagedAt {
-            stage: self as *const Stage as usize,
-            position: tail,
-        };
-        Ok((at, tail + 1 - head >= WAKE_FILL))
+        Ok((
+            StagedAt::new(self.number, tail),
+            tail + 1 - head >= WAKE_FILL,
+        ))
     }
 
-    /// The task of the cell at `position`.
+    /// The task of the cell at `position` (a count, or a cell number: taken modulo
+    /// [`CAPACITY`]).
     ///
     /// # Safety
     ///
@@ -320,7 +340,7 @@ impl Stages {
                 Some(position) => position,
                 None => {
                     mine.retain(|mine| !mine.stage.shard_gone.load(Ordering::Relaxed));
-                    let stage = self.join();
+                    let stage = self.join()?;
                     mine.push(Mine {
                         shard: self.id,
                         stage,
@@ -351,21 +371,22 @@ impl Stages {
         MINE.try_with(|mine| {
             let mine = mine.try_borrow().ok()?;
             let own = mine.iter().find(|mine| mine.shard == self.id)?;
-            if Arc::as_ptr(&own.stage) as usize != at.stage || !slots.retract(index, generation) {
+            if own.stage.number != at.stage() || !slots.retract(index, generation) {
                 return None;
             }
             // SAFETY: we are the stage's producer, so the cell at `at.position` holds this
             // timer until the consumer's `head` passes it, which it cannot have done before
             // our retraction took the slot out of STAGED (its adoption would have); the
             // retraction gives us its task.
-            Some(unsafe { own.stage.take_task(at.position) })
+            Some(unsafe { own.stage.take_task(at.cell()) })
         })
         .ok()
         .flatten()
     }
 
-    /// A stage for the calling thread: an orphaned one, or a new one.
-    fn join(&self) -> Arc<Stage> {
+    /// A stage for the calling thread: an orphaned one, or a new one (`None` past
+    /// [`MAX_STAGES`]).
+    fn join(&self) -> Option<Arc<Stage>> {
         let mut registered = lock(&self.registered);
         for stage in registered.iter() {
             // Acquire: the exited producer's last `tail` (its Release below).
@@ -374,13 +395,16 @@ impl Stages {
                 .compare_exchange(true, false, Ordering::Acquire, Ordering::Relaxed)
                 .is_ok()
             {
-                return stage.clone();
+                return Some(stage.clone());
             }
         }
-        let stage = Arc::new(Stage::new());
+        if registered.len() >= MAX_STAGES {
+            return None;
+        }
+        let stage = Arc::new(Stage::new(registered.len() as u16));
         registered.push(stage.clone());
         self.count.store(registered.len(), Ordering::Release);
-        stage
+        Some(stage)
     }
 
     /// Drains the calling thread's own stage of this shard, if it has one, after the shard's

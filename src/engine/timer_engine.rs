@@ -7,6 +7,7 @@ use super::handoff::{self, Handoff, UnfiredTimer};
 use super::owner::{DRAIN_BATCH, OwnerHold, ShardOwner};
 use super::placement::Placement;
 use super::shared::{PendingLimit, ShardShared};
+use super::stage::StagedAt;
 use super::worker;
 use crate::clock::{Clock, TickClock};
 use crate::error::{BuildError, ScheduleError};
@@ -152,6 +153,25 @@ impl Engine {
             return Err(ScheduleError::Shutdown);
         }
         TimerHandle::submit(self.home_shard(), deadline, task)
+    }
+
+    /// [`submit`](Self::submit) without a [`TimerHandle`]: returns the home shard's ordinal in
+    /// [`shards`](Self::shards), the timer's slot index and generation, and where it was staged
+    /// (for `ShardShared::retract`), with the one handle
+    /// its slot counts, which the caller lets go of with `SlotTable::drop_handle` (or
+    /// `ShardShared::cancel_and_release`). For callers that keep the engine alive anyway (a
+    /// [`Sleep`](crate::Sleep)) and so need not hold the shard's `Arc`.
+    pub(crate) fn submit_slot(
+        &self,
+        deadline: u64,
+        task: Task,
+    ) -> Result<(usize, u32, u32, Option<StagedAt>), ScheduleError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(ScheduleError::Shutdown);
+        }
+        let ordinal = self.placement.home();
+        let (index, generation, staged) = self.shards[ordinal].submit(deadline, task)?;
+        Ok((ordinal, index, generation, staged))
     }
 
     /// Stops the engine: refuses new schedules, stops and joins the shard threads (except the

@@ -55,6 +55,8 @@
 //! | CANCELLED, STAGED         | [`adopt`] (shard, at the stage's cell)  | STAGED and SHARD cleared (task dropped) |
 //! | PENDING, STAGED, 1 handle | [`retract`] (the stage's producer, its handle's owner) | CANCELLED, nothing held: freed at once (task taken back) |
 //! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message, unless STAGED: it finds out at [`adopt`]) |
+//! | PENDING                   | [`cancel_and_release`] (a `Sleep`)      | CANCELLED, handles - 1 (message as for [`cancel`]) |
+//! | FIRED/CANCELLED           | [`cancel_and_release`] (a `Sleep`)      | handles - 1 (as a handle's drop) |
 //! | PENDING, one-shot         | [`reset_lazy`] (any thread)             | unchanged (deadline swapped)     |
 //! | PENDING, repeating        | [`reset`] (any thread)                  | PENDING, resets + 1              |
 //! | any occupied, repeating   | [`reset_applied`] (shard)               | resets - 1                       |
@@ -86,6 +88,7 @@
 //! |------------------------------------------------------|----------------------------|--------|
 //! | [`cancel`] -> CANCELLED                              | a handle                   | the handle: `cancelled` |
 //! | [`retract`] -> CANCELLED                             | the stage's producer       | the producer: `cancelled` |
+//! | [`cancel_and_release`] -> CANCELLED (returns `Some`) | a `Sleep` dropping or replacing its timer | the sleep: `cancelled` |
 //! | [`cancel`] -> CANCELLED, after its push found the inbox closed | the submitter    | the submitter: undoes `scheduled` |
 //! | [`cancel_for_shutdown`] -> CANCELLED                 | the shard's last sweep     | the shard: `cancelled` |
 //! | [`fire`] -> FIRED (one-shot)                         | the shard                  | the shard: `fired` |
@@ -113,6 +116,7 @@
 //! [`adopt`]: SlotTable::adopt
 //! [`retract`]: SlotTable::retract
 //! [`cancel`]: SlotTable::cancel
+//! [`cancel_and_release`]: SlotTable::cancel_and_release
 //! [`reset_lazy`]: SlotTable::reset_lazy
 //! [`reset`]: SlotTable::reset
 //! [`reset_applied`]: SlotTable::reset_applied
@@ -548,6 +552,53 @@ impl SlotTable {
         })
         .ok()
         .map(|(old, _)| old & STAGED != 0)
+    }
+
+    /// [`cancel`](Self::cancel) and [`drop_handle`](Self::drop_handle) in one compare-and-swap,
+    /// for a holder of one of the slot's handles that is done with the timer (a `Sleep`
+    /// dropped, or replacing its timer): PENDING -> CANCELLED and one handle less; a timer no
+    /// longer pending only loses the handle (and its slot is freed if nothing else refers to
+    /// it). `Some` iff this call cancelled it (so the task will never run), telling whether
+    /// it was STAGED (as [`cancel_staged`](Self::cancel_staged)).
+    ///
+    /// The caller holds no handle afterwards: once the shard lets go of a cancelled slot it may
+    /// be freed and reused, so what follows the cancel (its message) must not touch the slot,
+    /// and is validated by generation when applied.
+    pub(crate) fn cancel_and_release(&self, index: u32, generation: u32) -> Option<bool> {
+        let slot = self.word(index);
+        let mut word = slot.load(Ordering::Acquire);
+        loop {
+            debug_assert_eq!(
+                generation_of(word),
+                generation,
+                "slot {index} reused under a live handle"
+            );
+            debug_assert!(
+                handles_of(word) > 0,
+                "slot {index} lost more handles than it had"
+            );
+            let pending = lifecycle_of(word) == PENDING;
+            let mut new = if pending {
+                word & !LIFECYCLE_MASK | CANCELLED
+            } else {
+                word
+            };
+            if word & HANDLE_MASK != HANDLE_MASK {
+                new -= HANDLE_ONE; // Else sticky: see `clone_handle`.
+            }
+            if new == word {
+                return None;
+            }
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    if is_unreferenced(new) {
+                        self.free(index, new);
+                    }
+                    return pending.then_some(word & STAGED != 0);
+                }
+                Err(actual) => word = actual,
+            }
+        }
     }
 
     /// Counts a reset of a pending repeating timer; the caller then sends the reset message.

@@ -215,3 +215,34 @@ fn exhaustion_neither_undoes_into_ready_nor_creeps() {
         "the count stays at the maximum, ready untouched"
     );
 }
+
+#[test]
+fn cancel_and_release_cancels_and_lets_go_in_one_step() {
+    let table = SlotTable::new();
+    // Pending: cancelled, the handle gone; the shard's let-go frees the slot.
+    let (index, generation) = table.allocate().unwrap();
+    table.begin(index, generation, 10, false);
+    assert!(table.cancel_and_release(index, generation));
+    assert_eq!(handles_of(table.word(index).load(Ordering::Relaxed)), 0);
+    assert_eq!(table.fire(index, 10, false), FireOutcome::Cancelled);
+    table.let_go(index);
+    let (again, next_generation) = table.allocate().unwrap();
+    assert_eq!((again, next_generation), (index, generation + 1));
+    // Fired, the shard gone: not cancelled; the last handle's release frees the slot.
+    table.begin(again, next_generation, 10, false);
+    assert_eq!(
+        table.fire(again, 10, false),
+        FireOutcome::Fire { free: false }
+    );
+    assert!(!table.cancel_and_release(again, next_generation));
+    let (third, third_generation) = table.allocate().unwrap();
+    assert_eq!((third, third_generation), (index, generation + 2));
+    // Pending with a second handle: cancelled, one handle left.
+    table.begin(third, third_generation, 10, false);
+    table.clone_handle(third);
+    assert!(table.cancel_and_release(third, third_generation));
+    assert_eq!(handles_of(table.word(third).load(Ordering::Relaxed)), 1);
+    assert_eq!(table.state(third, third_generation), TimerState::Cancelled);
+    assert!(!table.cancel(third, third_generation));
+    assert_eq!(table.allocated(), 1);
+}
