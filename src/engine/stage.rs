@@ -522,7 +522,14 @@ impl Drop for Mine {
     }
 }
 
+#[cfg(not(shardwheel_loom))]
 thread_local! {
     /// This thread's stages, one per shard it scheduled on.
+    static MINE: RefCell<Vec<Mine>> = const { RefCell::new(Vec::new()) };
+}
+
+// Loom's thread-locals take no `const` initializers.
+#[cfg(shardwheel_loom)]
+thread_local! {
     static MINE: RefCell<Vec<Mine>> = RefCell::new(Vec::new());
 }
