@@ -402,8 +402,9 @@ fn handles_never_cross_timers() {
         let b = timer(1);
         let ran_b = counter();
         let ran_b_clone = ran_b.clone();
+        // Far enough ahead that the cancel below comes first even on a loaded machine.
         let handle_a = a
-            .schedule(Duration::from_millis(2), || {
+            .schedule(Duration::from_millis(200), || {
                 panic!("A's cancelled task ran")
             })
             .unwrap();

@@ -222,7 +222,7 @@ fn cancel_and_release_cancels_and_lets_go_in_one_step() {
     // Pending: cancelled, the handle gone; the shard's let-go frees the slot.
     let (index, generation) = table.allocate().unwrap();
     table.begin(index, generation, 10, false);
-    assert!(table.cancel_and_release(index, generation));
+    assert_eq!(table.cancel_and_release(index, generation), Some(false));
     assert_eq!(handles_of(table.word(index).load(Ordering::Relaxed)), 0);
     assert_eq!(table.fire(index, 10, false), FireOutcome::Cancelled);
     table.let_go(index);
@@ -234,13 +234,13 @@ fn cancel_and_release_cancels_and_lets_go_in_one_step() {
         table.fire(again, 10, false),
         FireOutcome::Fire { free: false }
     );
-    assert!(!table.cancel_and_release(again, next_generation));
+    assert_eq!(table.cancel_and_release(again, next_generation), None);
     let (third, third_generation) = table.allocate().unwrap();
     assert_eq!((third, third_generation), (index, generation + 2));
     // Pending with a second handle: cancelled, one handle left.
     table.begin(third, third_generation, 10, false);
     table.clone_handle(third);
-    assert!(table.cancel_and_release(third, third_generation));
+    assert_eq!(table.cancel_and_release(third, third_generation), Some(false));
     assert_eq!(handles_of(table.word(third).load(Ordering::Relaxed)), 1);
     assert_eq!(table.state(third, third_generation), TimerState::Cancelled);
     assert!(!table.cancel(third, third_generation));
