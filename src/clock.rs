@@ -265,6 +265,26 @@ impl TickClock {
         }
     }
 
+    /// The tick of `deadline` ([`tick_at`](Self::tick_at)) if it has not passed yet, `None` if
+    /// it has. On the system clock the cycle clock answers first where it is sound: it never
+    /// reads before `Instant::now()`, so a deadline after its reading is certainly ahead; only
+    /// a deadline it cannot vouch for costs an `Instant::now()` (see
+    /// [`cycle_clock`](crate::cycle_clock)).
+    #[inline]
+    pub(crate) fn tick_if_ahead(&self, deadline: Instant) -> Option<u64> {
+        if let Some(offset) = self.cycle_offset
+            && let Some(now) = crate::cycle_clock::now_nanos()
+        {
+            let since = deadline.saturating_duration_since(self.origin);
+            if let Ok(nanos) = u64::try_from(since.as_nanos())
+                && now.saturating_sub(offset) < nanos
+            {
+                return Some(self.tick_at_nanos(nanos));
+            }
+        }
+        (self.clock.now() < deadline).then(|| self.tick_at(deadline))
+    }
+
     /// [`tick_at`](Self::tick_at) for an instant whose nanoseconds since the origin do not fit
     /// a u64.
     #[cold]

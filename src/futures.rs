@@ -207,11 +207,11 @@ impl Sleep {
     /// with no waker yet: its first pending poll replaces the timer with one for its waker.
     pub(crate) fn armed(engine: EngineRef, deadline: Instant) -> Result<Sleep, ScheduleError> {
         let mut sleep = Sleep::new(engine, deadline);
-        if sleep.engine.clock.clock().now() >= deadline {
+        let Some(tick) = sleep.engine.clock.tick_if_ahead(deadline) else {
             sleep.elapsed = true;
             return Ok(sleep);
-        }
-        match sleep.arm(Waker::noop()) {
+        };
+        match sleep.arm(tick, Waker::noop()) {
             Poll::Ready(Err(error)) => Err(error),
             Poll::Ready(Ok(())) | Poll::Pending => Ok(sleep),
         }
@@ -242,11 +242,11 @@ impl Sleep {
         }
     }
 
-    /// Schedules a timer waking `waker` (the deadline is ahead, or was at the caller's look).
-    fn arm(&mut self, waker: &Waker) -> Poll<Result<(), ScheduleError>> {
+    /// Schedules a timer due at `tick` (the deadline's) waking `waker` (the deadline is ahead, or
+    /// was at the caller's look).
+    fn arm(&mut self, tick: u64, waker: &Waker) -> Poll<Result<(), ScheduleError>> {
         let engine = &self.engine;
         let clock = engine.clock.clock();
-        let tick = engine.clock.tick_at(self.deadline);
         let task_waker = waker.clone();
         let identity = WakerIdentity::of(&task_waker);
         match engine.submit_slot(tick, wake_task(task_waker)) {
@@ -292,11 +292,11 @@ impl Sleep {
         let clock = this.engine.clock.clock();
         if !this.armed {
             // Lazy registration: the first poll that finds the deadline ahead schedules.
-            if clock.now() >= this.deadline {
+            let Some(tick) = this.engine.clock.tick_if_ahead(this.deadline) else {
                 this.elapsed = true;
                 return Poll::Ready(Ok(()));
-            }
-            return this.arm(cx.waker());
+            };
+            return this.arm(tick, cx.waker());
         }
         let engine = &this.engine;
         let timer = this.timer;
@@ -313,7 +313,8 @@ impl Sleep {
             if timer.cancel(engine) {
                 timer.release(engine);
                 this.armed = false;
-                return this.arm(cx.waker());
+                let tick = engine.clock.tick_at(this.deadline);
+                return this.arm(tick, cx.waker());
             }
             state = timer.state(engine);
         }

@@ -14,6 +14,11 @@
 //! so each pays only for its own timer. The heap baseline has no futures API and does not
 //! run W6. The timed window spans from spawning the tasks to joining them all; the process
 //! CPU time (all threads: runtime workers, shard threads, the main thread) is read around it.
+//!
+//! Right after each system's run, the same loop runs once more with no timer at all (the
+//! futures awaited bare, on a runtime without a time driver): `floor_cpu_ns_per_timeout`, what
+//! every system pays for the runtime, the tasks and the futures; `timer_cpu_ns_per_timeout` is
+//! the difference, what the timer itself costs.
 
 use crate::args::Config;
 use crate::measure::process_cpu_time;
@@ -97,6 +102,31 @@ impl Flavor for TokioFlavor {
     }
 }
 
+/// No timer at all: the same tasks awaiting the same futures, for the floor every system's
+/// figure includes (runtime, tasks, the futures themselves).
+#[derive(Clone)]
+struct NoTimerFlavor;
+
+impl Flavor for NoTimerFlavor {
+    fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .build()
+    }
+
+    #[inline]
+    fn timeout<F: Future + Send>(
+        &self,
+        _delay: Duration,
+        future: F,
+    ) -> impl Future<Output = bool> + Send {
+        async move {
+            future.await;
+            true
+        }
+    }
+}
+
 /// Runs W6 once on system `S` (shardwheel or tokio) with `threads` runtime workers.
 pub(crate) fn run<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &Bar) {
     match S::NAME {
@@ -124,6 +154,8 @@ pub(crate) fn run<S: System>(config: &Config, threads: usize, report: &mut Repor
     }
 }
 
+/// Measures `flavor`, then the same loop with no timer (the floor), and reports both and
+/// their difference: what the timer itself costs per timeout.
 fn measure<F: Flavor>(
     flavor: F,
     system: &'static str,
@@ -132,6 +164,64 @@ fn measure<F: Flavor>(
     report: &mut Report,
     bar: &Bar,
 ) {
+    let Some((completed, wall, cpu)) = run_loop(flavor, system, config, threads, bar) else {
+        return;
+    };
+    let per_timeout = |cpu: Duration, completed: u64| {
+        if completed == 0 {
+            f64::NAN
+        } else {
+            cpu.as_nanos() as f64 / completed as f64
+        }
+    };
+    let cpu_ns = per_timeout(cpu, completed);
+    report.add(
+        system,
+        "timeouts",
+        threads,
+        "timeouts_per_s",
+        completed as f64 / wall.as_secs_f64().max(1e-9),
+        "timeouts/s",
+    );
+    report.add(
+        system,
+        "timeouts",
+        threads,
+        "cpu_ns_per_timeout",
+        cpu_ns,
+        "ns",
+    );
+    if let Some((floor_completed, _, floor_cpu)) =
+        run_loop(NoTimerFlavor, system, config, threads, bar)
+    {
+        let floor_ns = per_timeout(floor_cpu, floor_completed);
+        report.add(
+            system,
+            "timeouts",
+            threads,
+            "floor_cpu_ns_per_timeout",
+            floor_ns,
+            "ns",
+        );
+        report.add(
+            system,
+            "timeouts",
+            threads,
+            "timer_cpu_ns_per_timeout",
+            cpu_ns - floor_ns,
+            "ns",
+        );
+    }
+}
+
+/// One timed run of the W6 loop: (timeouts completed, wall time, process CPU time).
+fn run_loop<F: Flavor>(
+    flavor: F,
+    system: &'static str,
+    config: &Config,
+    threads: usize,
+    bar: &Bar,
+) -> Option<(u64, Duration, Duration)> {
     let runtime = match F::runtime(threads) {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -139,7 +229,7 @@ fn measure<F: Flavor>(
                 "{system}: timeouts: could not start a tokio runtime: {error}"
             ));
             flavor.shutdown();
-            return;
+            return None;
         }
     };
     let length = Duration::from_secs_f64(config.timeouts_seconds);
@@ -212,24 +302,5 @@ fn measure<F: Flavor>(
             "{system}: timeouts T={threads}: {panicked} tasks panicked"
         ));
     }
-    report.add(
-        system,
-        "timeouts",
-        threads,
-        "timeouts_per_s",
-        completed as f64 / wall.as_secs_f64().max(1e-9),
-        "timeouts/s",
-    );
-    report.add(
-        system,
-        "timeouts",
-        threads,
-        "cpu_ns_per_timeout",
-        if completed == 0 {
-            f64::NAN
-        } else {
-            cpu.as_nanos() as f64 / completed as f64
-        },
-        "ns",
-    );
+    Some((completed, wall, cpu))
 }

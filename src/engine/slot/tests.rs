@@ -240,7 +240,10 @@ fn cancel_and_release_cancels_and_lets_go_in_one_step() {
     // Pending with a second handle: cancelled, one handle left.
     table.begin(third, third_generation, 10, false);
     table.clone_handle(third);
-    assert_eq!(table.cancel_and_release(third, third_generation), Some(false));
+    assert_eq!(
+        table.cancel_and_release(third, third_generation),
+        Some(false)
+    );
     assert_eq!(handles_of(table.word(third).load(Ordering::Relaxed)), 1);
     assert_eq!(table.state(third, third_generation), TimerState::Cancelled);
     assert!(!table.cancel(third, third_generation));
