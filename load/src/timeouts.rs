@@ -115,15 +115,9 @@ impl Flavor for NoTimerFlavor {
     }
 
     #[inline]
-    fn timeout<F: Future + Send>(
-        &self,
-        _delay: Duration,
-        future: F,
-    ) -> impl Future<Output = bool> + Send {
-        async move {
-            future.await;
-            true
-        }
+    async fn timeout<F: Future + Send>(&self, _delay: Duration, future: F) -> bool {
+        future.await;
+        true
     }
 }
 
