@@ -213,7 +213,7 @@ impl ShardShared {
             generation,
             deadline,
         };
-        let (at, filling) = self.stages.push(meta, task)?;
+        let (at, filling) = self.stages.push(meta, task, &self.slots)?;
         Ok((self.inbox.staged(deadline, filling), at))
     }
 

@@ -13,7 +13,9 @@
 //! producer itself may *retract* a timer it staged ([`Stages::retract`]: a `Sleep` dropped on
 //! the thread that armed it): it takes the task back out of the cell and frees the slot at
 //! once, and the shard, finding the slot no longer staged, skips the cell without touching it.
-//! Most of a server's timeouts end this way, never seen by their shard but as a skipped cell.
+//! Most of a server's timeouts end this way, never seen by their shard: when its stage fills
+//! up, the producer first consumes the retracted cells at its head itself (`Stage::reap`), so
+//! the shard is woken only for timers that are still there.
 //!
 //! A cell's task belongs to whoever moves its slot out of STAGED
 //! ([`SlotTable::adopt`](super::slot::SlotTable::adopt) or
@@ -175,7 +177,7 @@ impl Stage {
     /// Producer: publishes a timer, with a fence after (see "Waking the shard"). Returns where
     /// it went and whether the shard should drain the stage soon ([`WAKE_FILL`] cells wait),
     /// or gives the task back if the stage is full.
-    fn push(&self, meta: Meta, task: Task) -> Result<(StagedAt, bool), Task> {
+    fn push(&self, meta: Meta, task: Task, slots: &SlotTable) -> Result<(StagedAt, bool), Task> {
         let producer = &*self.producer;
         let tail = producer.tail.load(Ordering::Relaxed);
         // The consumer's `head` is read again only when the stage looks full enough to matter:
@@ -183,6 +185,9 @@ impl Stage {
         let mut head = producer.head_seen.load(Ordering::Relaxed);
         if tail - head >= WAKE_FILL {
             head = self.head.load(Ordering::Acquire);
+            if tail - head >= WAKE_FILL {
+                head = self.reap(head, slots);
+            }
             producer.head_seen.store(head, Ordering::Relaxed);
             if tail - head >= CAPACITY {
                 return Err(task);
@@ -202,6 +207,30 @@ impl Stage {
             StagedAt::new(self.number, tail),
             tail + 1 - head >= WAKE_FILL,
         ))
+    }
+
+    /// Producer: consumes the cells at the head whose timers it retracted (nothing is left to
+    /// do for them), if the consumer's role is free; returns the head after. So a thread whose
+    /// timers end where they began never needs its shard to make room.
+    fn reap(&self, head: u64, slots: &SlotTable) -> u64 {
+        let Some(consumer) = self.try_consume() else {
+            return head;
+        };
+        let tail = self.producer.tail.load(Ordering::Relaxed);
+        while consumer.head.get() < tail {
+            let position = consumer.head.get();
+            // SAFETY: published by this thread (the producer), not consumed, and we hold the
+            // consumer's role.
+            let meta = self
+                .cell(position)
+                .meta
+                .with(|slot| unsafe { (*slot).assume_init_read() });
+            if !slots.is_retracted(meta.index, meta.generation) {
+                break;
+            }
+            consumer.head.set(position + 1);
+        }
+        consumer.head.get()
     }
 
     /// The task of the cell at `position` (a count, or a cell number: taken modulo
@@ -332,7 +361,12 @@ impl Stages {
     /// at first use). Returns where it went and whether the stage is filling up, or gives the
     /// task back if the stage is full or this thread's list of stages is out of reach (being
     /// destroyed, or in use further up the stack).
-    pub(crate) fn push(&self, meta: Meta, task: Task) -> Result<(StagedAt, bool), Task> {
+    pub(crate) fn push(
+        &self,
+        meta: Meta,
+        task: Task,
+        slots: &SlotTable,
+    ) -> Result<(StagedAt, bool), Task> {
         let mut task = Some(task);
         let pushed = MINE.try_with(|mine| {
             let mut mine = mine.try_borrow_mut().ok()?;
@@ -348,7 +382,7 @@ impl Stages {
                     mine.len() - 1
                 }
             };
-            Some(mine[position].stage.push(meta, task.take()?))
+            Some(mine[position].stage.push(meta, task.take()?, slots))
         });
         match pushed {
             Ok(Some(result)) => result,

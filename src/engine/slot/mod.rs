@@ -416,6 +416,13 @@ impl SlotTable {
         }
     }
 
+    /// Whether the staged timer `(index, generation)` was [retracted](Self::retract) (the slot
+    /// is no longer staged for it): what [`adopt`](Self::adopt) would find, without adopting.
+    pub(crate) fn is_retracted(&self, index: u32, generation: u32) -> bool {
+        let word = self.word(index).load(Ordering::Acquire);
+        generation_of(word) != generation || word & STAGED == 0
+    }
+
     /// The producer of a staged timer takes it back before its shard adopted it: PENDING,
     /// STAGED, held for the shard, with exactly one handle (the caller's) -> CANCELLED with
     /// nothing held, and freed at once. True iff done: the caller then owns the task in the
