@@ -916,3 +916,47 @@ fn sleep_retract_vs_adoption() {
         assert_a_new_timer_fires(&timer, &clock, "the slot was not given back");
     });
 }
+
+/// Model 19: a producer whose stage fills up consumes the cells at its head that it retracted
+/// itself (`Stage::reap`) while the shard drains the same stage: the role is taken by one of
+/// them at a time, retracted cells are skipped, and every timer still staged is left for the
+/// shard, which fires it once. (Under loom a stage holds 4 cells and fills up at 3.)
+#[test]
+fn reap_vs_drain() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Context;
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let (_, waker) = loom_waker();
+        let mut context = Context::from_waker(&waker);
+        for _ in 0..2 {
+            let mut sleep = timer.sleep(5 * MILLISECOND);
+            assert!(Pin::new(&mut sleep).poll(&mut context).is_pending());
+            drop(sleep); // Retracted: its cell stays until someone consumes it.
+        }
+        let drainer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(MILLISECOND))
+        };
+        let runs = Arc::new(AtomicUsize::new(0));
+        for _ in 0..2 {
+            let runs = runs.clone();
+            timer
+                .schedule(MILLISECOND, move || {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+        }
+        drainer.join().unwrap();
+        clock.advance(2 * MILLISECOND);
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "a staged timer was lost or ran twice");
+        let stats = timer.stats();
+        assert_eq!(
+            (stats.pending, stats.fired, stats.cancelled),
+            (0, 2, 2),
+            "{stats:?}"
+        );
+    });
+}
