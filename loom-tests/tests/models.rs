@@ -951,12 +951,49 @@ fn reap_vs_drain() {
         }
         drainer.join().unwrap();
         clock.advance(2 * MILLISECOND);
-        assert_eq!(runs.load(Ordering::SeqCst), 2, "a staged timer was lost or ran twice");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            2,
+            "a staged timer was lost or ran twice"
+        );
         let stats = timer.stats();
         assert_eq!(
             (stats.pending, stats.fired, stats.cancelled),
             (0, 2, 2),
             "{stats:?}"
+        );
+    });
+}
+
+/// Model 20: model 3 with a repeating timer as the racing schedule, which takes the inbox
+/// (under loom one-shot closure timers take their thread's stage): a schedule message that
+/// races shutdown fails, or its timer is returned; never lost, never twice.
+#[test]
+fn shutdown_vs_repeating_schedule() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let returned = Arc::new(AtomicUsize::new(0));
+        let scheduler = {
+            let (timer, returned) = (timer.clone(), returned.clone());
+            thread::spawn(move || {
+                timer
+                    .schedule_repeating(MILLISECOND, MissedTickBehavior::Skip, move || {
+                        returned.fetch_add(1, Ordering::SeqCst);
+                    })
+                    .is_ok()
+            })
+        };
+        let unfired = timer.shutdown();
+        let scheduled = scheduler.join().unwrap();
+        let count = unfired.len();
+        for timer in unfired {
+            timer.run();
+        }
+        assert_eq!(
+            (count, returned.load(Ordering::SeqCst)),
+            (usize::from(scheduled), usize::from(scheduled)),
+            "scheduled {scheduled}: returned {count}"
         );
     });
 }

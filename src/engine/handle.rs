@@ -1,12 +1,20 @@
 //! The user's side of a timer: [`TimerHandle`].
 
-use super::shared::ShardShared;
+use super::shared::{ShardShared, Via};
 use super::slot::TimerState;
 use crate::error::ScheduleError;
 use crate::sync::Arc;
 use crate::task::Task;
 use std::fmt;
 use std::time::{Duration, Instant};
+
+/// How a closure timer reaches its shard: by message ([`Via::Inbox`] says why). Under loom by
+/// its stage, so that the models reach the stage protocol through the public API (the stage
+/// never looks at the task); repeating timers keep the models on the inbox's.
+#[cfg(not(shardwheel_loom))]
+const CLOSURE_TIMERS_VIA: Via = Via::Inbox;
+#[cfg(shardwheel_loom)]
+const CLOSURE_TIMERS_VIA: Via = Via::Stage;
 
 /// A handle to a scheduled timer: cancel it, push its deadline back, or ask its state.
 ///
@@ -27,7 +35,7 @@ impl TimerHandle {
         deadline: u64,
         task: Task,
     ) -> Result<TimerHandle, ScheduleError> {
-        let (index, generation, _) = shard.submit(deadline, task)?;
+        let (index, generation, _) = shard.submit(deadline, task, CLOSURE_TIMERS_VIA)?;
         Ok(TimerHandle {
             shard: shard.clone(),
             index,

@@ -50,6 +50,18 @@ impl PendingLimit {
     }
 }
 
+/// How a new timer reaches its shard ([`ShardShared::submit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Via {
+    /// The calling thread's [stage](super::stage) (one-shot timers; falls back to the inbox):
+    /// for timers likely to end before their shard adopts them, a `Sleep`'s.
+    Stage,
+    /// A `Schedule` message: for timers likely to live long (closure timers, whose handles
+    /// cannot retract them). Adopting a staged timer costs its shard a compare-and-swap on
+    /// the slot, which a message does not; staging pays only when the timer ends first.
+    Inbox,
+}
+
 /// The part of a shard any thread may touch: the slot table, the inbox, counters.
 #[derive(Debug)]
 pub(crate) struct ShardShared {
@@ -127,6 +139,7 @@ impl ShardShared {
         &self,
         deadline: u64,
         task: Task,
+        via: Via,
     ) -> Result<(u32, u32, Option<StagedAt>), ScheduleError> {
         // A refused task is user code: dropped contained.
         let refuse = |task: Task, error: ScheduleError| {
@@ -151,7 +164,11 @@ impl ShardShared {
             .scheduled
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut staged_at = None;
-        let outcome = match self.stage(index, generation, deadline, task) {
+        let staged = match via {
+            Via::Stage => self.stage(index, generation, deadline, task),
+            Via::Inbox => Err(task),
+        };
+        let outcome = match staged {
             Ok((outcome, at)) => {
                 staged_at = Some(at);
                 outcome

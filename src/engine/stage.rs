@@ -68,6 +68,12 @@ const CAPACITY: u64 = 4;
 /// Cells waiting past which a producer wakes its shard to drain them.
 const WAKE_FILL: u64 = CAPACITY / 4 * 3;
 
+/// How many cells ahead the consumer prefetches the slot of.
+const PREFETCH_AHEAD: u64 = 8;
+
+/// Pushes between two looks at `head` while the stage is past [`WAKE_FILL`].
+const RECHECK: u64 = if CAPACITY >= 64 { CAPACITY / 64 } else { 1 };
+
 /// Cells the owner looks at, before sleeping, for one due before its wake-up; beyond that it
 /// drains instead.
 const PEEK_LIMIT: u64 = 256;
@@ -119,6 +125,9 @@ struct ProducerSide {
     tail: AtomicU64,
     /// The consumer's `head` when the producer last read it (a lower bound of it).
     head_seen: AtomicU64,
+    /// The `tail` at which the producer next reads `head` (and reaps) while the stage is
+    /// past [`WAKE_FILL`].
+    recheck_at: AtomicU64,
 }
 
 /// One (thread, shard) pair's ring of staged timers. See the [module documentation](self).
@@ -156,6 +165,7 @@ impl Stage {
             producer: CachePadded::new(ProducerSide {
                 tail: AtomicU64::new(0),
                 head_seen: AtomicU64::new(0),
+                recheck_at: AtomicU64::new(0),
             }),
             head: CachePadded::new(AtomicU64::new(0)),
             consuming: AtomicBool::new(false),
@@ -183,12 +193,17 @@ impl Stage {
         // The consumer's `head` is read again only when the stage looks full enough to matter:
         // its cache line then moves once per drain, not once per timer.
         let mut head = producer.head_seen.load(Ordering::Relaxed);
-        if tail - head >= WAKE_FILL {
+        // Past WAKE_FILL, look (and reap) again only every RECHECK pushes, unless the stage
+        // may be full: a shard that is simply behind costs its producer nothing per push.
+        if tail - head >= WAKE_FILL
+            && (tail >= producer.recheck_at.load(Ordering::Relaxed) || tail - head >= CAPACITY)
+        {
             head = self.head.load(Ordering::Acquire);
             if tail - head >= WAKE_FILL {
                 head = self.reap(head, slots);
             }
             producer.head_seen.store(head, Ordering::Relaxed);
+            producer.recheck_at.store(tail + RECHECK, Ordering::Relaxed);
             if tail - head >= CAPACITY {
                 return Err(task);
             }
@@ -284,8 +299,19 @@ impl Consumer<'_> {
     fn pop(&self, slots: &SlotTable) -> Option<(Meta, Option<(Adoption, Task)>)> {
         let stage = self.stage;
         let position = self.head.get();
-        if position == stage.producer.tail.load(Ordering::Acquire) {
+        let tail = stage.producer.tail.load(Ordering::Acquire);
+        if position == tail {
             return None;
+        }
+        // The slots of the cells a few ahead, written last by their producer's core: fetched
+        // while this one is adopted.
+        if position + PREFETCH_AHEAD < tail {
+            // SAFETY: as below, for a cell also in `head..tail`.
+            let ahead = stage
+                .cell(position + PREFETCH_AHEAD)
+                .meta
+                .with(|slot| unsafe { (*slot).assume_init_read() });
+            slots.prefetch(ahead.index);
         }
         let cell = stage.cell(position);
         // SAFETY: `head <= position < tail`: published (Acquire above), not rewritten before

@@ -6,7 +6,7 @@ use super::handle::TimerHandle;
 use super::handoff::{self, Handoff, UnfiredTimer};
 use super::owner::{DRAIN_BATCH, OwnerHold, ShardOwner};
 use super::placement::Placement;
-use super::shared::{PendingLimit, ShardShared};
+use super::shared::{PendingLimit, ShardShared, Via};
 use super::stage::StagedAt;
 use super::worker;
 use crate::clock::{Clock, TickClock};
@@ -170,7 +170,8 @@ impl Engine {
             return Err(ScheduleError::Shutdown);
         }
         let ordinal = self.placement.home();
-        let (index, generation, staged) = self.shards[ordinal].submit(deadline, task)?;
+        let (index, generation, staged) =
+            self.shards[ordinal].submit(deadline, task, Via::Stage)?;
         Ok((ordinal, index, generation, staged))
     }
 

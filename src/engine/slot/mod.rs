@@ -450,6 +450,12 @@ impl SlotTable {
         }
     }
 
+    /// Hints the processor to fetch slot `index` (handed out) ahead of its use.
+    #[inline]
+    pub(crate) fn prefetch(&self, index: u32) {
+        self.pages.prefetch(index);
+    }
+
     /// The deadline tick of a slot that has been handed out (see the module documentation).
     #[inline]
     pub(crate) fn deadline(&self, index: u32) -> u64 {
