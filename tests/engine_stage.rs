@@ -1,11 +1,35 @@
-//! Stages (`src/engine/stage.rs`): new one-shot timers reach their shard through a per-thread
-//! ring. A full ring falls back to the shard's inbox; a ring outlives its thread; timers
-//! cancelled before their shard adopted them end exactly once.
+//! Stages (`src/engine/stage.rs`): a `Sleep`'s timer reaches its shard through its thread's
+//! ring. A full ring falls back to the shard's inbox; a ring outlives its thread; a sleep
+//! dropped on its own thread takes its timer back, one dropped elsewhere cancels it; every
+//! timer ends exactly once.
 
-use shardwheel::{Clock, Executor, Timer};
+use shardwheel::{Clock, Executor, Sleep, Timer};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Wake, Waker};
 use std::time::Duration;
+
+/// A waker that counts its wake-ups.
+struct Counting(AtomicUsize);
+
+impl Wake for Counting {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn counting() -> (Arc<Counting>, Waker) {
+    let counter = Arc::new(Counting(AtomicUsize::new(0)));
+    (counter.clone(), Waker::from(counter))
+}
+
+/// Polls `sleep` once with `waker`: it must be pending (its timer staged).
+fn arm(sleep: &mut Sleep, waker: &Waker) {
+    let mut context = Context::from_waker(waker);
+    assert!(Pin::new(sleep).poll(&mut context).is_pending());
+}
 
 fn manual(clock: &Clock, shards: usize) -> Timer {
     Timer::builder()
@@ -17,101 +41,114 @@ fn manual(clock: &Clock, shards: usize) -> Timer {
 }
 
 /// With no shard thread to drain it, one thread stages more timers than a ring holds: the rest
-/// take the inbox. Every third is cancelled (some staged, some not); the rest fire once.
+/// take the inbox. Every third sleep is dropped (taken back while staged, or cancelled); the
+/// rest wake once.
 #[test]
 fn a_full_stage_falls_back_to_the_inbox() {
     let clock = Clock::manual();
     let timer = manual(&clock, 1);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let handles: Vec<_> = (0..5000)
+    let (woken, waker) = counting();
+    let mut sleeps: Vec<Option<Sleep>> = (0..10_000)
         .map(|_| {
-            let runs = runs.clone();
-            timer
-                .schedule(Duration::from_millis(5), move || {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                })
-                .unwrap()
+            let mut sleep = timer.sleep(Duration::from_millis(5));
+            arm(&mut sleep, &waker);
+            Some(sleep)
         })
         .collect();
-    let cancelled = handles
-        .iter()
-        .step_by(3)
-        .filter(|handle| handle.cancel())
-        .count();
-    assert_eq!(cancelled, 1667);
+    for sleep in sleeps.iter_mut().step_by(3) {
+        sleep.take();
+    }
     clock.advance(Duration::from_millis(10));
-    assert_eq!(runs.load(Ordering::SeqCst), 5000 - 1667);
+    assert_eq!(woken.0.load(Ordering::SeqCst), 10_000 - 3334);
     let stats = timer.stats();
     assert_eq!(
         (stats.pending, stats.fired, stats.cancelled),
-        (0, 3333, 1667)
+        (0, 6666, 3334)
     );
 }
 
-/// Many short-lived threads each stage timers and exit; later threads take their rings over.
-/// Every timer fires once.
+/// Many short-lived threads each arm sleeps and exit, handing them over; later threads take
+/// their rings over. Every sleep's timer fires once.
 #[test]
 fn stages_outlive_their_threads() {
     let clock = Clock::manual();
     let timer = manual(&clock, 2);
-    let runs = Arc::new(AtomicUsize::new(0));
+    let (woken, waker) = counting();
+    let mut kept = Vec::new();
     for round in 0..50 {
         let threads: Vec<_> = (0..4)
             .map(|_| {
-                let (timer, runs) = (timer.clone(), runs.clone());
+                let (timer, waker) = (timer.clone(), waker.clone());
                 std::thread::spawn(move || {
-                    for _ in 0..10 {
-                        let runs = runs.clone();
-                        timer
-                            .schedule(Duration::from_millis(1), move || {
-                                runs.fetch_add(1, Ordering::SeqCst);
-                            })
-                            .unwrap();
-                    }
+                    (0..10)
+                        .map(|_| {
+                            let mut sleep = timer.sleep(Duration::from_millis(1));
+                            arm(&mut sleep, &waker);
+                            sleep
+                        })
+                        .collect::<Vec<_>>()
                 })
             })
             .collect();
         for thread in threads {
-            thread.join().unwrap();
+            kept.extend(thread.join().unwrap());
         }
         if round % 7 == 0 {
             clock.advance(Duration::from_millis(2));
         }
     }
     clock.advance(Duration::from_millis(2));
-    assert_eq!(runs.load(Ordering::SeqCst), 50 * 4 * 10);
+    assert_eq!(woken.0.load(Ordering::SeqCst), 2000);
     assert_eq!(timer.stats().fired, 2000);
 }
 
-/// A thread stages timers and cancels most of them at once (a server's timeouts): with shard
-/// threads running, every end is counted once and the survivors fire.
+/// Sleeps dropped on another thread than the one that armed them cannot be taken back: they
+/// are cancelled (no message while still staged) and end once.
 #[test]
-fn cancelled_while_staged_on_a_running_engine() {
+fn sleeps_dropped_elsewhere_are_cancelled() {
+    let clock = Clock::manual();
+    let timer = manual(&clock, 1);
+    let (woken, waker) = counting();
+    let sleeps: Vec<Sleep> = (0..1000)
+        .map(|_| {
+            let mut sleep = timer.sleep(Duration::from_millis(5));
+            arm(&mut sleep, &waker);
+            sleep
+        })
+        .collect();
+    std::thread::spawn(move || drop(sleeps)).join().unwrap();
+    clock.advance(Duration::from_millis(10));
+    assert_eq!(woken.0.load(Ordering::SeqCst), 0);
+    let stats = timer.stats();
+    assert_eq!((stats.pending, stats.fired, stats.cancelled), (0, 0, 1000));
+    drop(waker);
+    assert_eq!(Arc::strong_count(&woken), 1, "every timer's waker dropped");
+}
+
+/// A thread arms sleeps and drops most of them at once (a server's timeouts), with shard
+/// threads running: every end is counted once and the survivors wake.
+#[test]
+fn retracted_on_a_running_engine() {
     let timer = Timer::builder().shards(2).build().unwrap();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let mut survivors = 0;
+    let (woken, waker) = counting();
+    let mut survivors = Vec::new();
     for i in 0..20_000 {
-        let runs = runs.clone();
-        let handle = timer
-            .schedule(Duration::from_millis(20), move || {
-                runs.fetch_add(1, Ordering::SeqCst);
-            })
-            .unwrap();
+        let mut sleep = timer.sleep(Duration::from_millis(20));
+        arm(&mut sleep, &waker);
         if i % 100 == 0 {
-            survivors += 1;
-        } else {
-            assert!(handle.cancel());
+            survivors.push(sleep);
         }
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while runs.load(Ordering::SeqCst) < survivors && std::time::Instant::now() < deadline {
+    while woken.0.load(Ordering::SeqCst) < survivors.len() && std::time::Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(runs.load(Ordering::SeqCst), survivors);
+    assert_eq!(woken.0.load(Ordering::SeqCst), survivors.len());
     let stats = timer.stats();
     assert_eq!(
         (stats.pending, stats.fired, stats.cancelled),
-        (0, survivors as u64, 20_000 - survivors as u64)
+        (0, 200, 19_800)
     );
+    drop(survivors);
     assert!(timer.shutdown().is_empty());
 }
