@@ -20,9 +20,9 @@
 //!    and the per-thread numbering it uses live in `src/engine/placement.rs`. The caller takes a
 //!    slot from that shard's slot table (lock-free; `src/engine/slot/free_list.rs`), writes the
 //!    deadline beside its state word (bit layout: `src/engine/slot/word.rs`), counts the timer
-//!    against the pending limit and hands the task over (`src/engine/shared.rs`): a one-shot
+//!    against the pending limit and hands the task over (`src/engine/shared.rs`): a `Sleep`'s
 //!    timer goes, marked STAGED, into the thread's own ring for that shard, its *stage*, with
-//!    no shared queue and usually no wake-up (`src/engine/stage.rs`); a repeating one (or one
+//!    no shared queue and usually no wake-up (`src/engine/stage.rs`); a closure timer (or one
 //!    that finds the stage full) is sent as a `Schedule` message (`src/engine/message.rs`).
 //!    The caller gets a [`TimerHandle`](crate::TimerHandle): slot index plus generation
 //!    (`src/engine/handle.rs`).

@@ -24,7 +24,7 @@
 //! A shard parks "short" (at most [`DRAIN_INTERVAL`]) right after it processed messages, so a
 //! busy inbox costs one wake-up per interval, not one per message, and an idle engine none.
 //!
-//! New one-shot timers come through [stages](super::stage) instead, which add nothing to the
+//! The timers of `Sleep`s come through [stages](super::stage) instead, which add nothing to the
 //! count: their producers read this word after publishing (see [`Inbox::staged`]), and the
 //! shard looks at the stages after setting PARKED.
 //!

@@ -1,5 +1,5 @@
-//! Stages: how a thread hands new one-shot timers to a shard without a shared queue, so that a
-//! timer cancelled before its shard looked costs no message at all.
+//! Stages: how a thread hands new timers of its `Sleep`s to a shard without a shared queue, so
+//! that a timer cancelled before its shard looked costs no message at all.
 //!
 //! # How it works
 //!
@@ -28,8 +28,10 @@
 //! | the consumer: whoever holds `consuming` (the shard's owner; after the shard's last drain at shutdown, the producer) | cells in `head..tail` (a task only once its adoption won); advances `head` |
 //! | the producer, retracting | the task of a cell in `head..tail` whose retraction won |
 //!
-//! Repeating timers, a full stage and a thread whose thread-locals are gone take the shard's
-//! inbox instead (`ShardShared::submit`).
+//! Only a `Sleep`'s timer is staged: it is likely to end before its shard looks, and adopting a
+//! staged timer costs the shard a compare-and-swap that a message does not (`Via` in
+//! `ShardShared`). Closure timers, a full stage and a thread whose thread-locals are gone take
+//! the shard's inbox instead (`ShardShared::submit`).
 //!
 //! # Waking the shard
 //!
