@@ -133,6 +133,10 @@ struct ProducerSide {
 }
 
 /// One (thread, shard) pair's ring of staged timers. See the [module documentation](self).
+///
+/// It has no `Drop` of its own: its cells are consumed, at the latest, by [`Stages::close`]
+/// when its shard goes, and nothing can be published after that (a producer needs the shard).
+/// A stage may outlive its shard in a thread's list, empty.
 pub(crate) struct Stage {
     /// Written by the producer only.
     producer: CachePadded<ProducerSide>,
