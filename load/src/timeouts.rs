@@ -51,6 +51,14 @@ trait Flavor: Clone + Send + Sync + 'static {
     fn shutdown(&self) {}
 }
 
+/// A multi-thread runtime with `workers` workers and no time driver: for the flavors that do
+/// not use tokio's timer.
+fn runtime_without_time_driver(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .build()
+}
+
 /// `Timer::timeout` of a fresh default shardwheel timer.
 #[derive(Clone)]
 struct ShardwheelFlavor {
@@ -59,9 +67,7 @@ struct ShardwheelFlavor {
 
 impl Flavor for ShardwheelFlavor {
     fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .build()
+        runtime_without_time_driver(workers)
     }
 
     #[inline]
@@ -109,9 +115,7 @@ struct NoTimerFlavor;
 
 impl Flavor for NoTimerFlavor {
     fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .build()
+        runtime_without_time_driver(workers)
     }
 
     #[inline]

@@ -126,9 +126,7 @@ impl ShardShared {
         self.counters
             .cancelled
             .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
-        if let Some(limit) = &self.limit {
-            limit.give_back(count as usize);
-        }
+        self.give_back_places(count as usize);
     }
 
     /// Schedules `task` at tick `deadline` on this shard: returns the timer's slot index and
@@ -155,36 +153,28 @@ impl ShardShared {
             return refuse(task, ScheduleError::Full);
         }
         let Some((index, generation)) = self.slots.allocate() else {
-            if let Some(limit) = &self.limit {
-                limit.give_back(1);
-            }
+            self.give_back_places(1);
             return refuse(task, ScheduleError::Full);
         };
         self.counters
             .scheduled
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut staged_at = None;
         let staged = match via {
             Via::Stage => self.stage(index, generation, deadline, task),
             Via::Inbox => Err(task),
         };
-        let outcome = match staged {
-            Ok((outcome, at)) => {
-                staged_at = Some(at);
-                outcome
-            }
+        let (outcome, staged_at) = match staged {
+            Ok((outcome, at)) => (outcome, Some(at)),
             Err(task) => {
                 self.slots
                     .begin(index, generation, deadline, task.is_repeating());
                 // Not `send`: a schedule that finds the inbox closed settles the race first.
-                self.inbox.push(
-                    Message::Schedule {
-                        index,
-                        deadline,
-                        task,
-                    },
+                let message = Message::Schedule {
+                    index,
                     deadline,
-                )
+                    task,
+                };
+                (self.inbox.push(message, deadline), None)
             }
         };
         let PushOutcome::Closed { drained } = outcome else {
@@ -199,9 +189,7 @@ impl ShardShared {
         self.counters
             .scheduled
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        if let Some(limit) = &self.limit {
-            limit.give_back(1);
-        }
+        self.give_back_places(1);
         let error = self.closed_error();
         // No handle is made: let go of the one the slot counts.
         self.slots.drop_handle(index);

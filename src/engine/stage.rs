@@ -242,16 +242,28 @@ impl Stage {
             let position = consumer.head.get();
             // SAFETY: published by this thread (the producer), not consumed, and we hold the
             // consumer's role.
-            let meta = self
-                .cell(position)
-                .meta
-                .with(|slot| unsafe { (*slot).assume_init_read() });
+            let meta = unsafe { self.meta(position) };
             if !slots.is_retracted(meta.index, meta.generation) {
                 break;
             }
             consumer.head.set(position + 1);
         }
         consumer.head.get()
+    }
+
+    /// What the cell at `position` says of its timer.
+    ///
+    /// # Safety
+    ///
+    /// The cell is published and not yet reused (`head <= position < tail` as the caller
+    /// knows it), and the caller holds the consumer's role (or is the producer, which is the
+    /// only writer).
+    unsafe fn meta(&self, position: u64) -> Meta {
+        // SAFETY: the caller's contract: the producer's write is ordered before this read, and
+        // the cell is not written again before the consumer's next `head` store.
+        self.cell(position)
+            .meta
+            .with(|slot| unsafe { (*slot).assume_init_read() })
     }
 
     /// The task of the cell at `position` (a count, or a cell number: taken modulo
@@ -313,16 +325,11 @@ impl Consumer<'_> {
         // while this one is adopted.
         if position + PREFETCH_AHEAD < tail {
             // SAFETY: as below, for a cell also in `head..tail`.
-            let ahead = stage
-                .cell(position + PREFETCH_AHEAD)
-                .meta
-                .with(|slot| unsafe { (*slot).assume_init_read() });
-            slots.prefetch(ahead.index);
+            slots.prefetch(unsafe { stage.meta(position + PREFETCH_AHEAD) }.index);
         }
-        let cell = stage.cell(position);
         // SAFETY: `head <= position < tail`: published (Acquire above), not rewritten before
         // our `head` store (in `drop`), and we hold the consumer's role.
-        let meta = cell.meta.with(|slot| unsafe { (*slot).assume_init_read() });
+        let meta = unsafe { stage.meta(position) };
         self.head.set(position + 1);
         let adoption = slots.adopt(meta.index, meta.generation);
         let task = (adoption != Adoption::Retracted).then(|| {
@@ -331,6 +338,27 @@ impl Consumer<'_> {
             unsafe { stage.take_task(position) }
         });
         Some((meta, task.map(|task| (adoption, task))))
+    }
+
+    /// Consumes up to `budget` cells ([`pop`](Self::pop)); `each` gets those whose task is now
+    /// the caller's. Returns how many cells there were.
+    fn drain(
+        &self,
+        slots: &SlotTable,
+        budget: usize,
+        mut each: impl FnMut(Meta, Adoption, Task),
+    ) -> usize {
+        let mut taken = 0;
+        while taken < budget {
+            let Some((meta, task)) = self.pop(slots) else {
+                break;
+            };
+            taken += 1;
+            if let Some((adoption, task)) = task {
+                each(meta, adoption, task);
+            }
+        }
+        taken
     }
 
     /// Whether a published cell not yet consumed is due before tick `tick` (or there are more
@@ -342,14 +370,8 @@ impl Consumer<'_> {
         if tail - head > PEEK_LIMIT {
             return true;
         }
-        (head..tail).any(|position| {
-            // SAFETY: as in `pop`: published, not reused, and ours to read.
-            let meta = stage
-                .cell(position)
-                .meta
-                .with(|slot| unsafe { (*slot).assume_init_read() });
-            meta.deadline < tick
-        })
+        // SAFETY: as in `pop`: published, not reused, and ours to read.
+        (head..tail).any(|position| unsafe { stage.meta(position) }.deadline < tick)
     }
 }
 
@@ -434,17 +456,24 @@ impl Stages {
         generation: u32,
         slots: &SlotTable,
     ) -> Option<Task> {
-        MINE.try_with(|mine| {
-            let mine = mine.try_borrow().ok()?;
-            let own = mine.iter().find(|mine| mine.shard == self.id)?;
-            if own.stage.number != at.stage() || !slots.retract(index, generation) {
+        self.with_own(|own| {
+            if own.number != at.stage() || !slots.retract(index, generation) {
                 return None;
             }
-            // SAFETY: we are the stage's producer, so the cell at `at.position` holds this
-            // timer until the consumer's `head` passes it, which it cannot have done before
-            // our retraction took the slot out of STAGED (its adoption would have); the
-            // retraction gives us its task.
-            Some(unsafe { own.stage.take_task(at.cell()) })
+            // SAFETY: we are the stage's producer, so the cell at `at.cell()` holds this timer
+            // until the consumer's `head` passes it, which it cannot have done before our
+            // retraction took the slot out of STAGED (its adoption would have); the retraction
+            // gives us its task.
+            Some(unsafe { own.take_task(at.cell()) })
+        })
+    }
+
+    /// `f` of the calling thread's own stage of this shard, if it has one (and its list of
+    /// stages is in reach).
+    fn with_own<R>(&self, f: impl FnOnce(&Arc<Stage>) -> Option<R>) -> Option<R> {
+        MINE.try_with(|mine| {
+            let mine = mine.try_borrow().ok()?;
+            f(&mine.iter().find(|mine| mine.shard == self.id)?.stage)
         })
         .ok()
         .flatten()
@@ -477,22 +506,10 @@ impl Stages {
     /// last drain (see "Shutdown"): `each` gets the task of every cell left that was not
     /// retracted (all of them cancelled while staged).
     pub(crate) fn drain_own(&self, slots: &SlotTable, mut each: impl FnMut(Adoption, Task)) {
-        let stage = MINE
-            .try_with(|mine| {
-                let mine = mine.try_borrow().ok()?;
-                mine.iter()
-                    .find(|mine| mine.shard == self.id)
-                    .map(|mine| mine.stage.clone())
-            })
-            .ok()
-            .flatten();
-        if let Some(stage) = stage {
-            let consumer = stage.consume();
-            while let Some((_, task)) = consumer.pop(slots) {
-                if let Some((adoption, task)) = task {
-                    each(adoption, task);
-                }
-            }
+        if let Some(stage) = self.with_own(|own| Some(own.clone())) {
+            stage
+                .consume()
+                .drain(slots, usize::MAX, |_, adoption, task| each(adoption, task));
         }
     }
 
@@ -502,11 +519,7 @@ impl Stages {
         for stage in lock(&self.registered).iter() {
             stage.shard_gone.store(true, Ordering::Relaxed);
             if let Some(consumer) = stage.try_consume() {
-                while let Some((_, task)) = consumer.pop(slots) {
-                    if let Some((_, task)) = task {
-                        each(task);
-                    }
-                }
+                consumer.drain(slots, usize::MAX, |_, _, task| each(task));
             }
         }
     }
@@ -546,17 +559,8 @@ impl StageList {
             } else {
                 stage.try_consume()
             };
-            let Some(consumer) = consumer else {
-                continue;
-            };
-            while taken < budget {
-                let Some((meta, task)) = consumer.pop(slots) else {
-                    break;
-                };
-                taken += 1;
-                if let Some((adoption, task)) = task {
-                    each(meta, adoption, task);
-                }
+            if let Some(consumer) = consumer {
+                taken += consumer.drain(slots, budget - taken, &mut each);
             }
         }
         taken

@@ -392,7 +392,7 @@ impl SlotTable {
         let slot = self.word(index);
         let mut word = slot.load(Ordering::Acquire);
         loop {
-            if generation_of(word) != generation || word & STAGED == 0 {
+            if !is_staged_for(word, generation) {
                 return Adoption::Retracted;
             }
             debug_assert!(
@@ -419,8 +419,7 @@ impl SlotTable {
     /// Whether the staged timer `(index, generation)` was [retracted](Self::retract) (the slot
     /// is no longer staged for it): what [`adopt`](Self::adopt) would find, without adopting.
     pub(crate) fn is_retracted(&self, index: u32, generation: u32) -> bool {
-        let word = self.word(index).load(Ordering::Acquire);
-        generation_of(word) != generation || word & STAGED == 0
+        !is_staged_for(self.word(index).load(Ordering::Acquire), generation)
     }
 
     /// The producer of a staged timer takes it back before its shard adopted it: PENDING,

@@ -67,3 +67,9 @@ pub(super) fn is_unreferenced(word: u64) -> bool {
     let lifecycle = lifecycle_of(word);
     (lifecycle == FIRED || lifecycle == CANCELLED) && word & (SHARD | HANDLE_MASK) == 0
 }
+
+/// Whether `word` is still the STAGED timer of generation `generation` (not retracted, the
+/// slot not reused since).
+pub(super) fn is_staged_for(word: u64, generation: u32) -> bool {
+    generation_of(word) == generation && word & STAGED != 0
+}
