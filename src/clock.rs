@@ -203,6 +203,9 @@ pub(crate) struct TickClock {
     /// For the system clock: `origin` in nanoseconds since the cycle clock's origin, so that
     /// [`tick_after`](Self::tick_after) can read the cheap cycle clock.
     cycle_offset: Option<u64>,
+    /// The latest [`now_tick`](Self::now_tick) read (by any clone: shards read it at every
+    /// turn), a tick known to have passed: see [`tick_unless_passed`](Self::tick_unless_passed).
+    passed: std::sync::Arc<crate::sync::statistics::AtomicU64>,
 }
 
 impl TickClock {
@@ -221,6 +224,7 @@ impl TickClock {
             tick_nanos,
             divisor: TickDivisor::new(tick_nanos),
             cycle_offset,
+            passed: std::sync::Arc::new(crate::sync::statistics::AtomicU64::new(0)),
         }
     }
 
@@ -247,7 +251,26 @@ impl TickClock {
     /// The current tick: the number of whole ticks since the origin. A timer whose deadline
     /// tick is at or before it is due, and is never early, because deadlines round up.
     pub(crate) fn now_tick(&self) -> u64 {
-        self.divisor.div_rem(self.now_nanos()).0
+        let tick = self.divisor.div_rem(self.now_nanos()).0;
+        // Any reading will do (it has passed), so a plain store, and an older reading stored
+        // over a newer one by another thread only makes the hint more cautious.
+        self.passed.store(tick, Ordering::Relaxed);
+        tick
+    }
+
+    /// The tick of `deadline` ([`tick_at`](Self::tick_at)), or `None` if the deadline is known
+    /// to have passed: its tick is at or before the latest [`now_tick`](Self::now_tick) any
+    /// shard read, so a shard would fire its timer at once. Reads no clock (but the manual
+    /// clock's, which is cheap and turns only by hand: there it is
+    /// [`tick_if_ahead`](Self::tick_if_ahead)): a deadline that passed since that reading is
+    /// `Some`, and its timer fires at its shard's next turn, as tokio's does.
+    #[inline]
+    pub(crate) fn tick_unless_passed(&self, deadline: Instant) -> Option<u64> {
+        if self.clock.is_manual() {
+            return self.tick_if_ahead(deadline);
+        }
+        let tick = self.tick_at(deadline);
+        (tick > self.passed.load(Ordering::Relaxed)).then_some(tick)
     }
 
     /// The first tick at or after `instant` (0 for an instant before the origin).

@@ -112,7 +112,7 @@ fn build_default() -> &'static Timer {
 #[track_caller]
 pub fn sleep(delay: Duration) -> Sleep {
     let timer = default();
-    Sleep::new(timer.static_engine_ref(), timer.deadline_after(delay))
+    timer.sleep_on(timer.static_engine_ref(), delay)
 }
 
 /// [`Timer::sleep_until`] on the default timer (`tokio::time::sleep_until`). Panics as

@@ -203,6 +203,13 @@ impl Sleep {
         }
     }
 
+    /// This sleep, elapsed if `passed` (its deadline is known to have passed).
+    #[inline]
+    pub(crate) fn elapsed_if(mut self, passed: bool) -> Sleep {
+        self.elapsed = passed;
+        self
+    }
+
     /// A sleep until `deadline` whose timer is scheduled now (unless the deadline has passed),
     /// with no waker yet: its first pending poll replaces the timer with one for its waker.
     pub(crate) fn armed(engine: EngineRef, deadline: Instant) -> Result<Sleep, ScheduleError> {
@@ -291,8 +298,9 @@ impl Sleep {
         }
         let clock = this.engine.clock.clock();
         if !this.armed {
-            // Lazy registration: the first poll that finds the deadline ahead schedules.
-            let Some(tick) = this.engine.clock.tick_if_ahead(this.deadline) else {
+            // Lazy registration: the first poll that does not know the deadline passed
+            // schedules (reading no clock: see `tick_unless_passed`).
+            let Some(tick) = this.engine.clock.tick_unless_passed(this.deadline) else {
                 this.elapsed = true;
                 return Poll::Ready(Ok(()));
             };
@@ -467,8 +475,10 @@ impl Interval {
             !period.is_zero(),
             "shardwheel: an interval's `period` must be non-zero"
         );
+        // The first tick is due at once if its deadline has passed.
+        let passed = sleep.deadline <= sleep.engine.clock.clock().now();
         Interval {
-            sleep,
+            sleep: sleep.elapsed_if(passed),
             period,
             missed: MissedTickBehavior::default(),
         }
@@ -498,8 +508,10 @@ impl Interval {
                     _ => due.checked_add(period),
                 };
                 let next = next.unwrap_or_else(|| crate::clock::far_future(now));
-                // Unarms the fired timer: the next poll schedules one for `next`.
+                // Unarms the fired timer: the next poll schedules one for `next`, or completes
+                // at once if `next` has passed (a burst catching up).
                 Pin::new(&mut self.sleep).reset(next);
+                self.sleep.elapsed = next <= now;
                 Poll::Ready(due)
             }
         }
@@ -538,6 +550,7 @@ impl Interval {
     pub fn reset_immediately(&mut self) {
         let now = self.now();
         self.reset_at(now);
+        self.sleep.elapsed = true;
     }
 
     /// The next tick is `after` from now, and the grid continues from it.

@@ -211,16 +211,18 @@ impl Timer {
     /// # }
     /// ```
     pub fn sleep(&self, delay: Duration) -> Sleep {
-        self.sleep_until(self.deadline_after(delay))
+        self.sleep_on(self.engine_ref(), delay)
     }
 
-    /// The deadline of a sleep of `delay` from now; beyond representable time, one that never
-    /// comes.
+    /// A sleep of `delay` from now on `engine` (this timer's); beyond representable time, one
+    /// that never comes. A zero `delay` has passed already: the sleep is elapsed.
     #[inline]
-    pub(crate) fn deadline_after(&self, delay: Duration) -> Instant {
+    pub(crate) fn sleep_on(&self, engine: EngineRef, delay: Duration) -> Sleep {
         let now = self.clock().now();
-        now.checked_add(delay)
-            .unwrap_or_else(|| crate::clock::far_future(now))
+        let deadline = now
+            .checked_add(delay)
+            .unwrap_or_else(|| crate::clock::far_future(now));
+        Sleep::new(engine, deadline).elapsed_if(delay.is_zero())
     }
 
     /// How this timer's sleeps refer to its engine: by a counted reference.

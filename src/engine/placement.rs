@@ -93,7 +93,11 @@ impl Placement {
             self.homed[chosen].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             Some(chosen)
         });
-        ordinal % shard_count
+        if ordinal < shard_count {
+            ordinal
+        } else {
+            ordinal % shard_count
+        }
     }
 }
 

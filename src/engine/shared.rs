@@ -133,6 +133,7 @@ impl ShardShared {
     /// generation, with the one handle its slot counts, for the caller to wrap in a
     /// [`TimerHandle`](super::handle::TimerHandle), and where it was staged, if it was (for
     /// [`retract`](Self::retract)).
+    #[inline]
     pub(crate) fn submit(
         &self,
         deadline: u64,
@@ -202,6 +203,7 @@ impl ShardShared {
     /// Hands a new one-shot timer to the owner through this thread's
     /// [stage](super::stage): the slot is published STAGED, then the cell. Gives the task back
     /// if it must take the inbox instead (repeating, or the stage is full or out of reach).
+    #[inline]
     fn stage(
         &self,
         index: u32,
@@ -227,11 +229,15 @@ impl ShardShared {
     /// freed, the task dropped here); else the caller cancels it the ordinary way. See
     /// [`Stages::retract`].
     pub(crate) fn retract(&self, at: StagedAt, index: u32, generation: u32) -> bool {
-        let Some(task) = self.stages.retract(at, index, generation, &self.slots) else {
+        if !self
+            .stages
+            .retract(at, index, generation, &self.slots, |task| {
+                drop_contained(&self.counters, task);
+            })
+        {
             return false;
-        };
+        }
         self.count_cancelled(1);
-        drop_contained(&self.counters, task);
         true
     }
 

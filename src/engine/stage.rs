@@ -415,68 +415,91 @@ impl Stages {
     /// at first use). Returns where it went and whether the stage is filling up, or gives the
     /// task back if the stage is full or this thread's list of stages is out of reach (being
     /// destroyed, or in use further up the stack).
+    #[inline]
     pub(crate) fn push(
         &self,
         meta: Meta,
         task: Task,
         slots: &SlotTable,
     ) -> Result<(StagedAt, bool), Task> {
-        let mut task = Some(task);
-        let pushed = MINE.try_with(|mine| {
-            let mut mine = mine.try_borrow_mut().ok()?;
-            let position = match mine.iter().position(|mine| mine.shard == self.id) {
-                Some(position) => position,
-                None => {
-                    mine.retain(|mine| !mine.stage.shard_gone.load(Ordering::Relaxed));
-                    let stage = self.join()?;
-                    mine.push(Mine {
-                        shard: self.id,
-                        stage,
-                    });
-                    mine.len() - 1
-                }
-            };
-            Some(mine[position].stage.push(meta, task.take()?, slots))
-        });
-        match pushed {
-            Ok(Some(result)) => result,
-            _ => Err(task.expect("not pushed")),
+        match self.own_or_join() {
+            Some(stage) => stage.push(meta, task, slots),
+            None => Err(task),
         }
     }
 
-    /// The producer takes back timer `(meta.index, meta.generation)`, staged at `at`, before the
-    /// shard adopted it: cancelled, its one handle let go of, its slot freed
-    /// ([`SlotTable::retract`]), and its task returned, for the caller to drop. `None` (nothing
-    /// changed) if this thread is not the stage's producer, or the timer is not in that state:
-    /// the caller cancels it the ordinary way.
+    /// The calling thread's own stage of this shard, registering or taking one over if it has
+    /// none (`None` if that cannot be done: see [`push`](Self::push)).
+    #[inline]
+    fn own_or_join(&self) -> Option<&Stage> {
+        if let Some(stage) = self.own() {
+            return Some(stage);
+        }
+        MINE.try_with(|mine| {
+            let mut mine = mine.try_borrow_mut().ok()?;
+            mine.retain(|mine| !mine.stage.shard_gone.load(Ordering::Relaxed));
+            let stage = self.join()?;
+            let pointer = std::ptr::from_ref(&*stage);
+            mine.push(Mine {
+                shard: self.id,
+                stage,
+            });
+            let _ = LAST.try_with(|last| last.set((self.id, pointer)));
+            // SAFETY: a stage lives as long as its `Stages` (see `LAST`), which `self` borrows.
+            Some(unsafe { &*pointer })
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// The calling thread's own stage of this shard, if it has one: the one [`LAST`] names, or
+    /// the one its list of stages holds (which then becomes `LAST`).
+    #[inline]
+    fn own(&self) -> Option<&Stage> {
+        let (shard, stage) = LAST.try_with(std::cell::Cell::get).ok()?;
+        if shard == self.id {
+            // SAFETY: `LAST` names a stage of this thread's that `self` registered, and a stage
+            // lives as long as its `Stages` (see `LAST`), which `self` borrows.
+            return Some(unsafe { &*stage });
+        }
+        MINE.try_with(|mine| {
+            let mine = mine.try_borrow().ok()?;
+            let pointer =
+                std::ptr::from_ref(&*mine.iter().find(|mine| mine.shard == self.id)?.stage);
+            let _ = LAST.try_with(|last| last.set((self.id, pointer)));
+            // SAFETY: as above.
+            Some(unsafe { &*pointer })
+        })
+        .ok()
+        .flatten()
+    }
+
+    /// The producer takes back timer `(index, generation)`, staged at `at`, before the shard
+    /// adopted it: cancelled, its one handle let go of, its slot freed
+    /// ([`SlotTable::retract`]), and its task handed to `dispose` (to be dropped). False
+    /// (nothing changed) if this thread is not the stage's producer, or the timer is not in
+    /// that state: the caller cancels it the ordinary way.
+    #[inline]
     pub(crate) fn retract(
         &self,
         at: StagedAt,
         index: u32,
         generation: u32,
         slots: &SlotTable,
-    ) -> Option<Task> {
-        self.with_own(|own| {
-            if own.number != at.stage() || !slots.retract(index, generation) {
-                return None;
-            }
-            // SAFETY: we are the stage's producer, so the cell at `at.cell()` holds this timer
-            // until the consumer's `head` passes it, which it cannot have done before our
-            // retraction took the slot out of STAGED (its adoption would have); the retraction
-            // gives us its task.
-            Some(unsafe { own.take_task(at.cell()) })
-        })
-    }
-
-    /// `f` of the calling thread's own stage of this shard, if it has one (and its list of
-    /// stages is in reach).
-    fn with_own<R>(&self, f: impl FnOnce(&Arc<Stage>) -> Option<R>) -> Option<R> {
-        MINE.try_with(|mine| {
-            let mine = mine.try_borrow().ok()?;
-            f(&mine.iter().find(|mine| mine.shard == self.id)?.stage)
-        })
-        .ok()
-        .flatten()
+        dispose: impl FnOnce(Task),
+    ) -> bool {
+        let Some(own) = self.own() else {
+            return false;
+        };
+        if own.number != at.stage() || !slots.retract(index, generation) {
+            return false;
+        }
+        // SAFETY: we are the stage's producer, so the cell at `at.cell()` holds this timer
+        // until the consumer's `head` passes it, which it cannot have done before our
+        // retraction took the slot out of STAGED (its adoption would have); the retraction
+        // gives us its task.
+        dispose(unsafe { own.take_task(at.cell()) });
+        true
     }
 
     /// A stage for the calling thread: an orphaned one, or a new one (`None` past
@@ -506,7 +529,7 @@ impl Stages {
     /// last drain (see "Shutdown"): `each` gets the task of every cell left that was not
     /// retracted (all of them cancelled while staged).
     pub(crate) fn drain_own(&self, slots: &SlotTable, mut each: impl FnMut(Adoption, Task)) {
-        if let Some(stage) = self.with_own(|own| Some(own.clone())) {
+        if let Some(stage) = self.own() {
             stage
                 .consume()
                 .drain(slots, usize::MAX, |_, adoption, task| each(adoption, task));
@@ -587,6 +610,12 @@ struct Mine {
 impl Drop for Mine {
     /// The thread exits (or forgets the shard): another thread may take the stage over.
     fn drop(&mut self) {
+        // This thread is no longer the stage's producer: forget it first.
+        let _ = LAST.try_with(|last| {
+            if std::ptr::eq(last.get().1, &*self.stage) {
+                last.set(NO_STAGE);
+            }
+        });
         // Release: our last `tail` store, for whoever takes the stage over (Acquire in `join`).
         self.stage.orphaned.store(true, Ordering::Release);
     }
@@ -596,10 +625,19 @@ impl Drop for Mine {
 thread_local! {
     /// This thread's stages, one per shard it scheduled on.
     static MINE: RefCell<Vec<Mine>> = const { RefCell::new(Vec::new()) };
+    /// The stage of `MINE` this thread used last, and its shard's id: read without borrowing
+    /// `MINE` (and without a destructor, so also while `MINE` is being destroyed). The pointer
+    /// stays valid as long as the stage's `Stages`, whose `registered` only grows; an entry
+    /// of `MINE` clears it when it goes (the thread is then no longer that stage's producer).
+    static LAST: std::cell::Cell<(u64, *const Stage)> = const { std::cell::Cell::new(NO_STAGE) };
 }
 
 // Loom's thread-locals take no `const` initializers.
 #[cfg(shardwheel_loom)]
 thread_local! {
     static MINE: RefCell<Vec<Mine>> = RefCell::new(Vec::new());
+    static LAST: std::cell::Cell<(u64, *const Stage)> = std::cell::Cell::new(NO_STAGE);
 }
+
+/// What [`LAST`] holds when it names no stage (no `Stages` has this id).
+const NO_STAGE: (u64, *const Stage) = (u64::MAX, std::ptr::null());

@@ -161,6 +161,7 @@ impl Engine {
     /// its slot counts, which the caller lets go of with `SlotTable::drop_handle` (or
     /// `ShardShared::cancel_and_release`). For callers that keep the engine alive anyway (a
     /// [`Sleep`](crate::Sleep)) and so need not hold the shard's `Arc`.
+    #[inline]
     pub(crate) fn submit_slot(
         &self,
         deadline: u64,
