@@ -150,6 +150,23 @@ pub(crate) fn compare_exchange_weak_then_fence(
     result
 }
 
+/// `atomic.compare_exchange(..)` on a flag, then, if it succeeded, a sequentially consistent
+/// fence (see [`fence_after_read_modify_write`]).
+#[inline]
+pub(crate) fn compare_exchange_flag_then_fence(
+    atomic: &AtomicBool,
+    current: bool,
+    new: bool,
+    success: Ordering,
+    failure: Ordering,
+) -> Result<bool, bool> {
+    let result = atomic.compare_exchange(current, new, success, failure);
+    if result.is_ok() {
+        fence_after_read_modify_write();
+    }
+    result
+}
+
 /// Locks a mutex, recovering the data if a panicking thread poisoned it (the engine never
 /// panics while holding one, but user code must not be able to wedge it).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -13,9 +13,12 @@
 //! producer itself may *retract* a timer it staged ([`Stages::retract`]: a `Sleep` dropped on
 //! the thread that armed it): it takes the task back out of the cell and frees the slot at
 //! once, and the shard, finding the slot no longer staged, skips the cell without touching it.
-//! Most of a server's timeouts end this way, never seen by their shard: when its stage fills
-//! up, the producer first consumes the retracted cells at its head itself (`Stage::reap`), so
-//! the shard is woken only for timers that are still there.
+//! Most of a server's timeouts end this way, never seen by their shard. A retracted timer
+//! in the last cell published is taken back whole (`Stage::rewind`): the next push reuses that
+//! cell, still in the producer's cache, so a thread whose timeouts end in the order they began
+//! cycles through a few cells and its shard finds nothing to drain. Other retracted cells stay
+//! for the consumer to skip; when the stage fills up, the producer first consumes those at its
+//! head itself (`Stage::reap`), so the shard is woken only for timers that are still there.
 //!
 //! A cell's task belongs to whoever moves its slot out of STAGED
 //! ([`SlotTable::adopt`](super::slot::SlotTable::adopt) or
@@ -26,7 +29,7 @@
 //! |-----|-----------|
 //! | the producer: the thread that registered the stage, or took it over after that thread exited ([`Stage::orphaned`]) | the cell at `tail`; advances `tail` |
 //! | the consumer: whoever holds `consuming` (the shard's owner; after the shard's last drain at shutdown, the producer) | cells in `head..tail` (a task only once its adoption won); advances `head` |
-//! | the producer, retracting | the task of a cell in `head..tail` whose retraction won |
+//! | the producer, retracting | the task of a cell in `head..tail` whose retraction won; moves `tail` back over that cell if it is the last and no consumer can have seen it (see "Rewinding") |
 //!
 //! Only a `Sleep`'s timer is staged: it is likely to end before its shard looks, and adopting a
 //! staged timer costs the shard a compare-and-swap that a message does not (`Via` in
@@ -43,6 +46,19 @@
 //! timer is due before the owner's wake-up tick, if the owner sleeps long, or if the stage is
 //! filling up. A busy producer thus wakes its shard about once per drain interval, not once per
 //! timer.
+//!
+//! # Rewinding
+//!
+//! A producer that retracted the timer of cell `tail - 1` stores `tail - 1`, fences, then reads
+//! `consuming` and `head`: if no one holds the consumer's role and `head` has not passed the
+//! cell, the rewind stands; else it stores `tail` back (the cell, unchanged, is skipped as any
+//! retracted cell is). The consumer takes its role with a compare-and-swap and a fence before
+//! it reads `tail`. Dekker's argument again: a consumer whose `tail` read missed the rewind (so
+//! it may read the cell) took its role before the producer looked, and the producer sees it
+//! holding the role, or, if it is done, sees its `head` past the cell (stored before the role
+//! was let go of). So no consumer reads a cell the producer rewinds and rewrites. A consumer
+//! that comes in between the rewind and its undo may find `tail` below its `head`: nothing to
+//! consume.
 //!
 //! # Shutdown
 //!
@@ -217,8 +233,9 @@ impl Stage {
         let cell = self.cell(tail);
         // SAFETY: only the producer writes cells, and this one is outside `head..tail` for a
         // `head` it acquired (now or at an earlier push): the consumer is done with it (its
-        // `head` store came after its reads of the cell), and so is any retraction (made by
-        // this thread, before this call).
+        // `head` store came after its reads of the cell), or, if this thread rewound over it,
+        // never read it (see "Rewinding"); and so is any retraction (made by this thread,
+        // before this call).
         unsafe {
             cell.meta.with_mut(|slot| (*slot).write(meta));
             cell.task.with_mut(|slot| (*slot).write(task));
@@ -281,11 +298,37 @@ impl Stage {
             .with(|slot| unsafe { (*slot).assume_init_read() })
     }
 
-    /// Takes the consumer's role, if no one holds it.
+    /// Producer, having just retracted the timer of cell `cell`: takes the cell back if it
+    /// is the last published and no consumer can have seen it (see "Rewinding").
+    #[inline]
+    fn rewind(&self, cell: u64) {
+        let producer = &*self.producer;
+        let tail = producer.tail.load(Ordering::Relaxed);
+        if tail % CAPACITY != (cell + 1) % CAPACITY {
+            return;
+        }
+        // `cell` holds a timer until the consumer passes it, so it is `tail - 1`, not a cell
+        // a lap earlier.
+        crate::sync::swap_then_fence(&producer.tail, tail - 1, Ordering::Relaxed);
+        // Acquire: a finished consumer's `head` (stored before it let go of the role).
+        if !self.consuming.load(Ordering::Acquire) && self.head.load(Ordering::Acquire) < tail {
+            return;
+        }
+        // A consumer may have seen the cell: it stays, to be skipped. Release: as a push's.
+        producer.tail.store(tail, Ordering::Release);
+    }
+
+    /// Takes the consumer's role, if no one holds it (with a fence before its first read of
+    /// `tail`: see "Rewinding").
     fn try_consume(&self) -> Option<Consumer<'_>> {
-        self.consuming
-            .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
+        crate::sync::compare_exchange_flag_then_fence(
+            &self.consuming,
+            false,
+            true,
+            Ordering::Acquire,
+            Ordering::Relaxed,
+        )
+        .is_ok()
             .then(|| Consumer {
                 stage: self,
                 head: std::cell::Cell::new(self.head.load(Ordering::Relaxed)),
@@ -318,7 +361,8 @@ impl Consumer<'_> {
         let stage = self.stage;
         let position = self.head.get();
         let tail = stage.producer.tail.load(Ordering::Acquire);
-        if position == tail {
+        // Below `position` while a producer checks a rewind it then undoes (see "Rewinding").
+        if position >= tail {
             return None;
         }
         // The slots of the cells a few ahead, written last by their producer's core: fetched
@@ -366,8 +410,9 @@ impl Consumer<'_> {
     fn due_before(&self, tick: u64) -> bool {
         let stage = self.stage;
         let head = self.head.get();
+        // May be below `head`: as in `pop`.
         let tail = stage.producer.tail.load(Ordering::Acquire);
-        if tail - head > PEEK_LIMIT {
+        if tail.saturating_sub(head) > PEEK_LIMIT {
             return true;
         }
         // SAFETY: as in `pop`: published, not reused, and ours to read.
@@ -498,7 +543,9 @@ impl Stages {
         // until the consumer's `head` passes it, which it cannot have done before our
         // retraction took the slot out of STAGED (its adoption would have); the retraction
         // gives us its task.
-        dispose(unsafe { own.take_task(at.cell()) });
+        let task = unsafe { own.take_task(at.cell()) };
+        own.rewind(at.cell());
+        dispose(task);
         true
     }
 
