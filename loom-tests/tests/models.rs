@@ -997,3 +997,54 @@ fn shutdown_vs_repeating_schedule() {
         );
     });
 }
+
+/// Model 22: a `Sleep` dropped right after it was armed takes its cell back
+/// (`Stage::rewind`) while the shard drains the stage (twice), and the next sleep of the
+/// thread reuses the cell: the shard never reads a cell the producer rewinds and rewrites, and
+/// never passes one it has not read. The second sleep's timer fires (its waker is woken) once,
+/// the first one's never, and each timer's waker clone is dropped once.
+#[test]
+fn rewind_vs_drain() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::Context;
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let (woken, waker) = loom_waker();
+        let mut context = Context::from_waker(&waker);
+        let mut first = timer.sleep(5 * MILLISECOND);
+        assert!(Pin::new(&mut first).poll(&mut context).is_pending());
+        let drainer = {
+            let clock = clock.clone();
+            thread::spawn(move || {
+                clock.advance(MILLISECOND);
+                clock.advance(MILLISECOND);
+            })
+        };
+        drop(first); // Retracted, and its cell taken back unless the shard may have seen it.
+        let mut second = timer.sleep(5 * MILLISECOND);
+        assert!(Pin::new(&mut second).poll(&mut context).is_pending());
+        drainer.join().unwrap();
+        clock.advance(10 * MILLISECOND);
+        assert_eq!(
+            woken.woken.load(Ordering::SeqCst),
+            1,
+            "the second sleep's timer was lost, or a timer fired twice"
+        );
+        assert!(Pin::new(&mut second).poll(&mut context).is_ready());
+        drop(second);
+        drop(waker);
+        assert_eq!(
+            std::sync::Arc::strong_count(&woken),
+            1,
+            "a timer's waker clone was not dropped once"
+        );
+        let stats = timer.stats();
+        assert_eq!(
+            (stats.pending, stats.fired, stats.cancelled),
+            (0, 1, 1),
+            "{stats:?}"
+        );
+    });
+}
