@@ -1,14 +1,14 @@
 //! The cost of a `Sleep`: create + first poll (pending) + drop, for shardwheel's
-//! `timer.sleep(10 s)` beside tokio's `tokio::time::sleep(10 s)`, each with one thread of
-//! timer machinery (one shard; a current-thread tokio runtime); and of a `timeout(10 s, f)`
-//! whose `f` is ready at the first poll (create + poll + drop: shardwheel schedules no timer
-//! for it, tokio neither).
+//! `timer.sleep(10 s)` (one shard) and `shardwheel::sleep(10 s)` (the default timer) beside
+//! tokio's `tokio::time::sleep(10 s)` (a current-thread runtime), all in the same shape (pinned
+//! on the stack, as `tokio::time::sleep` is used); and of a `timeout(10 s, f)` whose `f` is
+//! ready at the first poll (create + poll + drop: shardwheel schedules no timer for it, tokio
+//! neither).
 //!
 //! Also prints the sizes of both futures and the bytes allocated per sleep (all threads, after
 //! a warm-up): shardwheel's `Sleep`, once polled, has a 48-byte slot in the engine's
-//! preallocated tables (its task holds the waker inline), and its schedule and cancel messages
-//! take a share of the inbox's queue blocks (transient: freed once the shard has read them);
-//! tokio's `Sleep` holds its timer entry inline and allocates nothing.
+//! preallocated tables and a cell in the calling thread's stage (its task holds the waker
+//! inline); tokio's `Sleep` holds its timer entry inline. Neither allocates per sleep.
 //!
 //! Run with `cargo bench --bench sleep` (or `-- --test` for a quick check).
 
@@ -20,7 +20,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::future::{Future, ready};
 use std::hint::black_box;
-use std::pin::{Pin, pin};
+use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Waker};
 use std::time::Duration;
@@ -62,9 +62,15 @@ static GLOBAL: Counting = Counting;
 const DELAY: Duration = Duration::from_secs(10);
 
 fn shardwheel_once(timer: &shardwheel::Timer, cx: &mut Context<'_>) {
-    let mut sleep = timer.sleep(DELAY);
-    assert!(Pin::new(&mut sleep).poll(cx).is_pending());
-    drop(black_box(sleep));
+    let mut sleep = pin!(timer.sleep(DELAY));
+    assert!(sleep.as_mut().poll(cx).is_pending());
+    black_box(&mut sleep);
+}
+
+fn shardwheel_default_once(cx: &mut Context<'_>) {
+    let mut sleep = pin!(shardwheel::sleep(DELAY));
+    assert!(sleep.as_mut().poll(cx).is_pending());
+    black_box(&mut sleep);
 }
 
 fn tokio_once(cx: &mut Context<'_>) {
@@ -121,9 +127,8 @@ fn sleep_cost(c: &mut Criterion) {
     eprintln!(
         "size_of::<shardwheel::Sleep>() = {} bytes; heap per sleep on the calling thread: \
          {ours_allocs:.2} allocations, {ours_bytes:.1} bytes ({ours_all:.1} on all threads): \
-         the inbox's queue blocks for the schedule and cancel messages (transient); the \
-         timer's 48-byte engine slot (its task holding the waker inline) sits in \
-         preallocated, reused tables",
+         the timer's 48-byte engine slot and its stage cell (its task holding the waker \
+         inline) sit in preallocated, reused tables",
         std::mem::size_of::<shardwheel::Sleep>()
     );
     eprintln!(
@@ -140,6 +145,9 @@ fn sleep_cost(c: &mut Criterion) {
         .warm_up_time(Duration::from_millis(500));
     group.bench_function(BenchmarkId::new("shardwheel", "1 thread"), |b| {
         b.iter(|| shardwheel_once(&timer, &mut cx));
+    });
+    group.bench_function(BenchmarkId::new("shardwheel", "default timer"), |b| {
+        b.iter(|| shardwheel_default_once(&mut cx));
     });
     group.bench_function(BenchmarkId::new("tokio", "1 thread"), |b| {
         b.iter(|| tokio_once(&mut cx));

@@ -35,7 +35,13 @@ impl TimerHandle {
         deadline: u64,
         task: Task,
     ) -> Result<TimerHandle, ScheduleError> {
-        let (index, generation, _) = shard.submit(deadline, task, CLOSURE_TIMERS_VIA)?;
+        // Only one-shot timers may be staged (see `Via`).
+        let via = if task.is_repeating() {
+            Via::Inbox
+        } else {
+            CLOSURE_TIMERS_VIA
+        };
+        let (index, generation, _) = shard.submit(deadline, move || task, via)?;
         Ok(TimerHandle {
             shard: shard.clone(),
             index,

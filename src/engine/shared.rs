@@ -53,8 +53,8 @@ impl PendingLimit {
 /// How a new timer reaches its shard ([`ShardShared::submit`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Via {
-    /// The calling thread's [stage](super::stage) (one-shot timers; falls back to the inbox):
-    /// for timers likely to end before their shard adopts them, a `Sleep`'s.
+    /// The calling thread's [stage](super::stage) (one-shot timers only; falls back to the
+    /// inbox): for timers likely to end before their shard adopts them, a `Sleep`'s.
     Stage,
     /// A `Schedule` message: for timers likely to live long (closure timers, whose handles
     /// cannot retract them). Adopting a staged timer costs its shard a compare-and-swap on
@@ -129,44 +129,47 @@ impl ShardShared {
         self.give_back_places(count as usize);
     }
 
-    /// Schedules `task` at tick `deadline` on this shard: returns the timer's slot index and
-    /// generation, with the one handle its slot counts, for the caller to wrap in a
-    /// [`TimerHandle`](super::handle::TimerHandle), and where it was staged, if it was (for
-    /// [`retract`](Self::retract)).
+    /// Schedules the task `make` makes at tick `deadline` on this shard: returns the timer's
+    /// slot index and generation, with the one handle its slot counts, for the caller to wrap
+    /// in a [`TimerHandle`](super::handle::TimerHandle), and where it was staged, if it was
+    /// (for [`retract`](Self::retract)). `make` is called once the timer has a place, and the
+    /// task it makes is written where the timer waits (a stage's cell: no copy of the task on
+    /// the way); a refused `make` is dropped uncalled.
     #[inline]
-    pub(crate) fn submit(
+    pub(crate) fn submit<M: FnOnce() -> Task>(
         &self,
         deadline: u64,
-        task: Task,
+        make: M,
         via: Via,
     ) -> Result<(u32, u32, Option<StagedAt>), ScheduleError> {
-        // A refused task is user code: dropped contained.
-        let refuse = |task: Task, error: ScheduleError| {
-            drop_contained(&self.counters, task);
+        // A refused task is user code (or holds some): dropped contained.
+        let refuse = |make: M, error: ScheduleError| {
+            drop_contained(&self.counters, make);
             Err(error)
         };
         if self.inbox.is_closed() {
-            return refuse(task, self.closed_error());
+            return refuse(make, self.closed_error());
         }
         if let Some(limit) = &self.limit
             && !limit.try_reserve()
         {
-            return refuse(task, ScheduleError::Full);
+            return refuse(make, ScheduleError::Full);
         }
         let Some((index, generation)) = self.slots.allocate() else {
             self.give_back_places(1);
-            return refuse(task, ScheduleError::Full);
+            return refuse(make, ScheduleError::Full);
         };
         self.counters
             .scheduled
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let staged = match via {
-            Via::Stage => self.stage(index, generation, deadline, task),
-            Via::Inbox => Err(task),
+            Via::Stage => self.stage(index, generation, deadline, make),
+            Via::Inbox => Err(make),
         };
         let (outcome, staged_at) = match staged {
             Ok((outcome, at)) => (outcome, Some(at)),
-            Err(task) => {
+            Err(make) => {
+                let task = make();
                 self.slots
                     .begin(index, generation, deadline, task.is_repeating());
                 // Not `send`: a schedule that finds the inbox closed settles the race first.
@@ -201,26 +204,23 @@ impl ShardShared {
     }
 
     /// Hands a new one-shot timer to the owner through this thread's
-    /// [stage](super::stage): the slot is published STAGED, then the cell. Gives the task back
-    /// if it must take the inbox instead (repeating, or the stage is full or out of reach).
+    /// [stage](super::stage): the slot is published STAGED, then the cell. Gives `make` back,
+    /// uncalled, if the timer must take the inbox instead (the stage is full or out of reach).
     #[inline]
-    fn stage(
+    fn stage<M: FnOnce() -> Task>(
         &self,
         index: u32,
         generation: u32,
         deadline: u64,
-        task: Task,
-    ) -> Result<(PushOutcome, StagedAt), Task> {
-        if task.is_repeating() {
-            return Err(task);
-        }
+        make: M,
+    ) -> Result<(PushOutcome, StagedAt), M> {
         self.slots.begin_staged(index, generation, deadline);
         let meta = Meta {
             index,
             generation,
             deadline,
         };
-        let (at, filling) = self.stages.push(meta, task, &self.slots)?;
+        let (at, filling) = self.stages.push(meta, make, &self.slots)?;
         Ok((self.inbox.staged(deadline, filling), at))
     }
 

@@ -206,10 +206,16 @@ impl Stage {
         &self.cells[(position % CAPACITY) as usize]
     }
 
-    /// Producer: publishes a timer, with a fence after (see "Waking the shard"). Returns where
-    /// it went and whether the shard should drain the stage soon ([`WAKE_FILL`] cells wait),
-    /// or gives the task back if the stage is full.
-    fn push(&self, meta: Meta, task: Task, slots: &SlotTable) -> Result<(StagedAt, bool), Task> {
+    /// Producer: publishes a timer, its task made by `make` right into the cell, with a fence
+    /// after (see "Waking the shard"). Returns where it went and whether the shard should drain
+    /// the stage soon ([`WAKE_FILL`] cells wait), or gives `make` back if the stage is full.
+    #[inline]
+    fn push<M: FnOnce() -> Task>(
+        &self,
+        meta: Meta,
+        make: M,
+        slots: &SlotTable,
+    ) -> Result<(StagedAt, bool), M> {
         let producer = &*self.producer;
         let tail = producer.tail.load(Ordering::Relaxed);
         // The consumer's `head` is read again only when the stage looks full enough to matter:
@@ -227,7 +233,7 @@ impl Stage {
             producer.head_seen.store(head, Ordering::Relaxed);
             producer.recheck_at.store(tail + RECHECK, Ordering::Relaxed);
             if tail - head >= CAPACITY {
-                return Err(task);
+                return Err(make);
             }
         }
         let cell = self.cell(tail);
@@ -238,7 +244,7 @@ impl Stage {
         // before this call).
         unsafe {
             cell.meta.with_mut(|slot| (*slot).write(meta));
-            cell.task.with_mut(|slot| (*slot).write(task));
+            cell.task.with_mut(|slot| (*slot).write(make()));
         }
         crate::sync::swap_then_fence(&producer.tail, tail + 1, Ordering::AcqRel);
         Ok((
@@ -329,10 +335,10 @@ impl Stage {
             Ordering::Relaxed,
         )
         .is_ok()
-            .then(|| Consumer {
-                stage: self,
-                head: std::cell::Cell::new(self.head.load(Ordering::Relaxed)),
-            })
+        .then(|| Consumer {
+            stage: self,
+            head: std::cell::Cell::new(self.head.load(Ordering::Relaxed)),
+        })
     }
 
     /// Takes the consumer's role, waiting for whoever holds it.
@@ -461,15 +467,15 @@ impl Stages {
     /// task back if the stage is full or this thread's list of stages is out of reach (being
     /// destroyed, or in use further up the stack).
     #[inline]
-    pub(crate) fn push(
+    pub(crate) fn push<M: FnOnce() -> Task>(
         &self,
         meta: Meta,
-        task: Task,
+        make: M,
         slots: &SlotTable,
-    ) -> Result<(StagedAt, bool), Task> {
+    ) -> Result<(StagedAt, bool), M> {
         match self.own_or_join() {
-            Some(stage) => stage.push(meta, task, slots),
-            None => Err(task),
+            Some(stage) => stage.push(meta, make, slots),
+            None => Err(make),
         }
     }
 

@@ -165,14 +165,14 @@ impl Engine {
     pub(crate) fn submit_slot(
         &self,
         deadline: u64,
-        task: Task,
+        make: impl FnOnce() -> Task,
     ) -> Result<(usize, u32, u32, Option<StagedAt>), ScheduleError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(ScheduleError::Shutdown);
         }
         let ordinal = self.placement.home();
         let (index, generation, staged) =
-            self.shards[ordinal].submit(deadline, task, Via::Stage)?;
+            self.shards[ordinal].submit(deadline, make, Via::Stage)?;
         Ok((ordinal, index, generation, staged))
     }
 
