@@ -203,8 +203,8 @@ pub(crate) struct TickClock {
     /// For the system clock: `origin` in nanoseconds since the cycle clock's origin, so that
     /// [`tick_after`](Self::tick_after) can read the cheap cycle clock.
     cycle_offset: Option<u64>,
-    /// The latest [`now_tick`](Self::now_tick) read (by any clone: shards read it at every
-    /// turn), a tick known to have passed: see [`tick_unless_passed`](Self::tick_unless_passed).
+    /// The latest tick [`now_tick`](Self::now_tick) read (by any clone: shards read it at
+    /// every turn), a tick known to have passed: see [`tick_unless_passed`](Self::tick_unless_passed).
     passed: std::sync::Arc<crate::sync::statistics::AtomicU64>,
 }
 
@@ -252,9 +252,8 @@ impl TickClock {
     /// tick is at or before it is due, and is never early, because deadlines round up.
     pub(crate) fn now_tick(&self) -> u64 {
         let tick = self.divisor.div_rem(self.now_nanos()).0;
-        // Any reading will do (it has passed), so a plain store, and an older reading stored
-        // over a newer one by another thread only makes the hint more cautious.
-        self.passed.store(tick, Ordering::Relaxed);
+        // The latest of all readings: another shard's older one must not hide it.
+        self.passed.fetch_max(tick, Ordering::Relaxed);
         tick
     }
 

@@ -136,14 +136,18 @@ impl WakerIdentity {
 ///
 /// # How it works
 ///
-/// A `Sleep` is a deadline and a reference to its engine until its first poll that finds the
-/// deadline not yet passed: only then does it schedule a timer, whose task wakes that poll's
-/// waker, inline on the shard thread. So a `Sleep` that is never polled, or is polled only
-/// after its deadline, costs the engine nothing, and dropping it does nothing.
+/// A `Sleep` is a deadline and a reference to its engine until its first poll: only then does
+/// it schedule a timer, whose task wakes that poll's waker, inline on the shard thread. So a
+/// `Sleep` that is never polled costs the engine nothing, and dropping it does nothing. The
+/// first poll reads no clock, as tokio's does not: a deadline the engine has seen pass (at or
+/// before the tick a shard last read the clock at, see `TickClock::tick_unless_passed`)
+/// completes at once, and so does `sleep(Duration::ZERO)`; a deadline that passed since then
+/// gets a timer, which fires at its shard's next turn (its shard is woken for it), as tokio's
+/// does.
 ///
 /// | state | poll | `reset(when)` | drop |
 /// |-------|------|---------------|------|
-/// | unarmed | deadline passed: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
+/// | unarmed | deadline seen to pass: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
 /// | armed | timer fired or deadline passed: elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | moves the timer in place; if it already fired: unarmed | cancels the timer |
 /// | elapsed | ready | unarmed, with the new deadline | nothing |
 ///

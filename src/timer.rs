@@ -236,8 +236,8 @@ impl Timer {
         EngineRef::Static(&self.inner.engine)
     }
 
-    /// A future that completes at `deadline` (at its first poll if it has passed), as
-    /// `tokio::time::sleep_until`. Otherwise as [`sleep`](Self::sleep).
+    /// A future that completes at `deadline`, as `tokio::time::sleep_until` (a deadline that has
+    /// passed: see [`Sleep`] on its first poll). Otherwise as [`sleep`](Self::sleep).
     pub fn sleep_until(&self, deadline: Instant) -> Sleep {
         Sleep::new(self.engine_ref(), deadline)
     }
