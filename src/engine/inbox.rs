@@ -16,10 +16,10 @@
 //! park fails (it drains again) or the submitter's add sees PARKED and decides whether to wake:
 //! no wake-up is lost, and no lock or fence is needed. See `loom-tests/` for the model.
 //!
-//! | shard parked with | a message wakes it when                          |
-//! |-------------------|--------------------------------------------------|
-//! | `LONG`            | always (the shard will not look again for long)  |
-//! | not `LONG`        | its deadline is before the shard's wake-up tick  |
+//! | shard parked with | a message wakes it when                          | a staged timer wakes it when |
+//! |-------------------|--------------------------------------------------|------------------------------|
+//! | `LONG`            | always (the shard will not look again for long)  | its deadline is before the shard's wake-up tick, or its stage is filling up |
+//! | not `LONG`        | its deadline is before the shard's wake-up tick  | the same |
 //!
 //! A shard parks "short" (at most [`DRAIN_INTERVAL`]) right after it processed messages, so a
 //! busy inbox costs one wake-up per interval, not one per message, and an idle engine none.
@@ -170,8 +170,11 @@ impl Inbox {
     }
 
     /// After a producer published a cell on a [stage](super::stage) (with a fence: Dekker with
-    /// [`park`](Self::park)): wakes the shard if it sleeps past `deadline_tick`, sleeps long,
-    /// or the stage is `filling` up. Reports a closed inbox like [`push`](Self::push).
+    /// [`park`](Self::park)): wakes the shard if it sleeps past `deadline_tick` or the stage is
+    /// `filling` up. Unlike a message, a staged timer does not wake a shard that sleeps long
+    /// until its next deadline: it waits in its stage (where a retraction or cancel costs the
+    /// shard nothing) until the shard wakes anyway. Reports a closed inbox like
+    /// [`push`](Self::push).
     pub(crate) fn staged(&self, deadline_tick: u64, filling: bool) -> PushOutcome {
         let old = self.signal.load(Ordering::Acquire);
         if old & CLOSED != 0 {
@@ -179,10 +182,7 @@ impl Inbox {
                 drained: old & DRAINED != 0,
             };
         }
-        if old & PARKED != 0
-            && (filling
-                || old & LONG != 0
-                || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
+        if old & PARKED != 0 && (filling || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
         {
             self.wake();
         }

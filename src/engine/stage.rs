@@ -43,9 +43,10 @@
 //! sets `PARKED` with a compare-and-swap and a fence, then looks at every stage's tail
 //! ([`StageList::due_before`]). Dekker's argument: either the owner sees the new cell (and does
 //! not sleep past its deadline), or the producer sees the owner parked, and wakes it if the
-//! timer is due before the owner's wake-up tick, if the owner sleeps long, or if the stage is
-//! filling up. A busy producer thus wakes its shard about once per drain interval, not once per
-//! timer.
+//! timer is due before the owner's wake-up tick or if the stage is filling up (`filling` is
+//! decided on a fresh read of `head`, every [`RECHECK`] pushes). A staged timer waits for a
+//! shard that sleeps until a deadline before its own: a busy producer whose timeouts end
+//! before their shard looks wakes it not at all.
 //!
 //! # Rewinding
 //!
@@ -221,6 +222,9 @@ impl Stage {
         // The consumer's `head` is read again only when the stage looks full enough to matter:
         // its cache line then moves once per drain, not once per timer.
         let mut head = producer.head_seen.load(Ordering::Relaxed);
+        // Whether to ask the shard to drain: decided only on a fresh look at `head` (a stale
+        // one would ask again at every push until the next look, though the shard drained).
+        let mut filling = false;
         // Past WAKE_FILL, look (and reap) again only every RECHECK pushes, unless the stage
         // may be full: a shard that is simply behind costs its producer nothing per push.
         if tail - head >= WAKE_FILL
@@ -235,6 +239,7 @@ impl Stage {
             if tail - head >= CAPACITY {
                 return Err(make);
             }
+            filling = tail + 1 - head >= WAKE_FILL;
         }
         let cell = self.cell(tail);
         // SAFETY: only the producer writes cells, and this one is outside `head..tail` for a
@@ -247,10 +252,7 @@ impl Stage {
             cell.task.with_mut(|slot| (*slot).write(make()));
         }
         crate::sync::swap_then_fence(&producer.tail, tail + 1, Ordering::AcqRel);
-        Ok((
-            StagedAt::new(self.number, tail),
-            tail + 1 - head >= WAKE_FILL,
-        ))
+        Ok((StagedAt::new(self.number, tail), filling))
     }
 
     /// Producer: consumes the cells at the head whose timers it retracted (nothing is left to
