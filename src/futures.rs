@@ -148,7 +148,7 @@ impl WakerIdentity {
 /// | state | poll | `reset(when)` | drop |
 /// |-------|------|---------------|------|
 /// | unarmed | deadline seen to pass: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
-/// | armed | timer fired or deadline passed: elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | moves the timer in place; if it already fired: unarmed | cancels the timer |
+/// | armed | timer fired (or, on a manual clock, deadline passed): elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | moves the timer in place; if it already fired: unarmed | cancels the timer |
 /// | elapsed | ready | unarmed, with the new deadline | nothing |
 ///
 /// No wake-up is lost: a poll that returns pending either scheduled the timer for its own
@@ -318,9 +318,12 @@ impl Sleep {
         let engine = &this.engine;
         let timer = this.timer;
         let mut state = timer.state(engine);
-        // The deadline may have passed without the shard having turned yet (a manual clock
-        // moves only on `advance`): time, not the shard, decides.
-        if state == TimerState::Pending && clock.now_ordered() < this.deadline {
+        // A pending timer's shard fires it once its deadline passes, as tokio's driver does: a
+        // poll reads no clock. But a manual clock's shard turns only in `advance`, which may
+        // have passed the deadline before the timer reached the shard: there time decides.
+        if state == TimerState::Pending
+            && (!clock.is_manual() || clock.now_ordered() < this.deadline)
+        {
             // The timer is pending, so its task's waker is alive: see `WakerIdentity`.
             if this.waker == WakerIdentity::of(cx.waker()) {
                 return Poll::Pending;
