@@ -25,18 +25,34 @@ use std::time::{Duration, Instant};
 /// ```
 #[derive(Clone, Debug)]
 pub struct HyperTimer {
-    timer: Timer,
+    timer: Which,
+}
+
+/// The timer a [`HyperTimer`] schedules on.
+#[derive(Clone, Debug)]
+enum Which {
+    /// The process-wide default timer, which is never dropped: its sleeps refer to its engine
+    /// by a plain reference (no reference count bumped on every sleep, on a cache line every
+    /// worker thread would share).
+    Default(&'static Timer),
+    /// Any other timer.
+    Given(Timer),
 }
 
 impl HyperTimer {
     /// Hyper's timeouts on `timer`.
     pub fn new(timer: Timer) -> HyperTimer {
-        HyperTimer { timer }
+        HyperTimer {
+            timer: Which::Given(timer),
+        }
     }
 
     /// The timer it schedules on.
     pub fn timer(&self) -> &Timer {
-        &self.timer
+        match &self.timer {
+            Which::Default(timer) => timer,
+            Which::Given(timer) => timer,
+        }
     }
 }
 
@@ -48,7 +64,9 @@ impl Default for HyperTimer {
     /// If the default timer cannot be built.
     fn default() -> HyperTimer {
         match crate::default_timer() {
-            Ok(timer) => HyperTimer::new(timer.clone()),
+            Ok(timer) => HyperTimer {
+                timer: Which::Default(timer),
+            },
             Err(error) => panic!("shardwheel: could not build the default timer: {error}"),
         }
     }
@@ -58,15 +76,21 @@ impl hyper::rt::Sleep for Sleep {}
 
 impl hyper::rt::Timer for HyperTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(self.timer.sleep(duration))
+        Box::pin(match &self.timer {
+            Which::Default(timer) => timer.sleep_on(timer.static_engine_ref(), duration),
+            Which::Given(timer) => timer.sleep(duration),
+        })
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(self.timer.sleep_until(deadline))
+        Box::pin(match &self.timer {
+            Which::Default(timer) => Sleep::new(timer.static_engine_ref(), deadline),
+            Which::Given(timer) => timer.sleep_until(deadline),
+        })
     }
 
     fn now(&self) -> Instant {
-        self.timer.clock().now()
+        self.timer().clock().now()
     }
 
     fn reset(&self, sleep: &mut Pin<Box<dyn hyper::rt::Sleep>>, new_deadline: Instant) {
