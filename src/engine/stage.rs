@@ -492,39 +492,47 @@ impl Stages {
             let mut mine = mine.try_borrow_mut().ok()?;
             mine.retain(|mine| !mine.stage.shard_gone.load(Ordering::Relaxed));
             let stage = self.join()?;
-            let pointer = std::ptr::from_ref(&*stage);
+            self.remember(&stage);
             mine.push(Mine {
                 shard: self.id,
                 stage,
             });
-            let _ = LAST.try_with(|last| last.set((self.id, pointer)));
-            // SAFETY: a stage lives as long as its `Stages` (see `LAST`), which `self` borrows.
-            Some(unsafe { &*pointer })
+            Some(())
         })
-        .ok()
-        .flatten()
+        .ok()??;
+        self.last()
     }
 
     /// The calling thread's own stage of this shard, if it has one: the one [`LAST`] names, or
     /// the one its list of stages holds (which then becomes `LAST`).
     #[inline]
     fn own(&self) -> Option<&Stage> {
-        let (shard, stage) = LAST.try_with(std::cell::Cell::get).ok()?;
-        if shard == self.id {
-            // SAFETY: `LAST` names a stage of this thread's that `self` registered, and a stage
-            // lives as long as its `Stages` (see `LAST`), which `self` borrows.
-            return Some(unsafe { &*stage });
+        if let Some(stage) = self.last() {
+            return Some(stage);
         }
         MINE.try_with(|mine| {
             let mine = mine.try_borrow().ok()?;
-            let pointer =
-                std::ptr::from_ref(&*mine.iter().find(|mine| mine.shard == self.id)?.stage);
-            let _ = LAST.try_with(|last| last.set((self.id, pointer)));
-            // SAFETY: as above.
-            Some(unsafe { &*pointer })
+            self.remember(&mine.iter().find(|mine| mine.shard == self.id)?.stage);
+            Some(())
         })
-        .ok()
-        .flatten()
+        .ok()??;
+        self.last()
+    }
+
+    /// Makes `stage`, this thread's stage of this shard (held in its list), the one [`LAST`]
+    /// names.
+    fn remember(&self, stage: &Stage) {
+        let _ = LAST.try_with(|last| last.set((self.id, std::ptr::from_ref(stage))));
+    }
+
+    /// The stage [`LAST`] names, if it is this shard's.
+    #[inline]
+    fn last(&self) -> Option<&Stage> {
+        let (shard, stage) = LAST.try_with(std::cell::Cell::get).ok()?;
+        // SAFETY: `LAST` names a stage of this thread's that this `Stages` registered (ids are
+        // unique in the process), and a stage lives as long as its `Stages` (see `LAST`),
+        // which `self` borrows.
+        (shard == self.id).then(|| unsafe { &*stage })
     }
 
     /// The producer takes back timer `(index, generation)`, staged at `at`, before the shard
