@@ -1134,4 +1134,74 @@ fn reset<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &
         rate(resets, elapsed),
         "resets/s",
     );
+    for (metric, chase) in [("floor_resets_per_s", false), ("chase_resets_per_s", true)] {
+        let steps_per_s = reset_floor(c, threads, length, chase);
+        report.add(S::NAME, "reset", threads, metric, steps_per_s, "resets/s");
+    }
+}
+
+/// W5's floors, run right after each system's W5, over as much memory as W5's handles and slots
+/// (`c` 16-byte records of each). Each step reads a record of the first array (as a reset reads
+/// a handle), follows the index it holds to a record of the second (as a handle leads to its
+/// timer's slot) and writes it: two dependent cache misses. Not `chase`: the first record is
+/// random, as W5's handle is (steps may overlap, as W5's resets may). `chase`: the next step's
+/// first record comes from the second record (a pointer chase: no overlap between steps),
+/// visiting every record in one cycle (so the walk never settles into a part that fits a cache).
+fn reset_floor(c: usize, threads: usize, length: Duration, chase: bool) -> f64 {
+    use std::sync::atomic::AtomicU64;
+    let mut rng = rng_for(4242);
+    // `cycle`: one cycle through all of 0..c (Sattolo's shuffle); `place`: a random bijection.
+    let mut cycle: Vec<usize> = (0..c).collect();
+    let mut place: Vec<usize> = (0..c).collect();
+    for i in (1..c).rev() {
+        cycle.swap(i, rng.usize(..i));
+        place.swap(i, rng.usize(..=i));
+    }
+    // Handle `i` leads to slot `place[i]`, which leads to handle `cycle[i]`.
+    let handles: Vec<[u64; 2]> = place.iter().map(|&slot| [slot as u64, 0]).collect();
+    let slots: Vec<[AtomicU64; 2]> = (0..c)
+        .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+        .collect();
+    for i in 0..c {
+        slots[place[i]][0].store(cycle[i] as u64, Ordering::Relaxed);
+    }
+    let barrier = Barrier::new(threads);
+    let outcomes: Vec<(Instant, Instant, u64)> = thread::scope(|scope| {
+        let walkers: Vec<_> = (0..threads)
+            .map(|index| {
+                let (handles, slots, barrier) = (&handles, &slots, &barrier);
+                scope.spawn(move || {
+                    let mut rng = rng_for(index + 1000);
+                    let mut next = rng.usize(..c);
+                    barrier.wait();
+                    let start = Instant::now();
+                    let stop = start + length;
+                    let mut steps = 0u64;
+                    loop {
+                        for _ in 0..CHECK_EVERY {
+                            let slot = &slots[handles[next][0] as usize];
+                            next = if chase {
+                                slot[0].load(Ordering::Relaxed) as usize
+                            } else {
+                                rng.usize(..c)
+                            };
+                            let deadline = slot[1].load(Ordering::Relaxed);
+                            slot[1].store(deadline.wrapping_add(1), Ordering::Relaxed);
+                        }
+                        steps += CHECK_EVERY as u64;
+                        if Instant::now() >= stop {
+                            break;
+                        }
+                    }
+                    (start, Instant::now(), steps)
+                })
+            })
+            .collect();
+        walkers
+            .into_iter()
+            .map(|walker| walker.join().expect("a floor thread panicked"))
+            .collect()
+    });
+    let elapsed = span(outcomes.iter().map(|o| (o.0, o.1)));
+    rate(outcomes.iter().map(|o| o.2).sum(), elapsed)
 }
