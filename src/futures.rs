@@ -258,14 +258,11 @@ impl Sleep {
     fn arm(&mut self, tick: u64, waker: &Waker) -> Poll<Result<(), ScheduleError>> {
         let engine = &self.engine;
         let clock = engine.clock.clock();
-        let identity = std::cell::Cell::new(WakerIdentity::default());
-        // Called once the timer has a place; its clone of the waker goes right there.
-        let make = || {
-            let task_waker = waker.clone();
-            identity.set(WakerIdentity::of(&task_waker));
-            wake_task(task_waker)
-        };
-        match engine.submit_slot(tick, make) {
+        // The clone (user code) comes before the engine is touched: a panic in it changes
+        // nothing there. The task is made where the timer waits (see `ShardShared::submit`).
+        let task_waker = waker.clone();
+        let identity = WakerIdentity::of(&task_waker);
+        match engine.submit_slot(tick, move || wake_task(task_waker)) {
             Ok((shard, index, generation, staged)) => {
                 // An engine cannot have 2^32 shards: each takes far more than a byte.
                 debug_assert!(u32::try_from(shard).is_ok());
@@ -286,7 +283,7 @@ impl Sleep {
                     return Poll::Ready(Ok(()));
                 }
                 self.timer = timer;
-                self.waker = identity.get();
+                self.waker = identity;
                 self.armed = true;
                 Poll::Pending
             }

@@ -286,6 +286,39 @@ fn sleep_waker_whose_panic_payload_panics_on_drop() {
     });
 }
 
+/// A waker whose `clone` panics, built by hand (`Wake` cannot make one).
+fn waker_whose_clone_panics() -> Waker {
+    use std::task::{RawWaker, RawWakerVTable};
+    fn clone(_: *const ()) -> RawWaker {
+        panic!("intentional: this waker cannot be cloned")
+    }
+    fn nothing(_: *const ()) {}
+    static VTABLE: RawWakerVTable = RawWakerVTable::new(clone, nothing, nothing, nothing);
+    // SAFETY: the vtable's functions ignore the data pointer, and none of them is unsound.
+    unsafe { Waker::from_raw(RawWaker::new(std::ptr::null(), &VTABLE)) }
+}
+
+/// A `Sleep` clones its poll's waker for its timer's task: a clone that panics reaches the
+/// poll's caller, and leaves the engine as it was (no timer scheduled, no place taken).
+#[test]
+fn sleep_whose_waker_clone_panics() {
+    quiet_intentional_panics();
+    let timer = Timer::builder().shards(1).max_pending(1).build().unwrap();
+    let mut sleep = timer.sleep(Duration::from_secs(60));
+    let waker = waker_whose_clone_panics();
+    let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = std::pin::Pin::new(&mut sleep).poll(&mut Context::from_waker(&waker));
+    }));
+    assert!(polled.is_err(), "the clone's panic reaches the caller");
+    let stats = timer.stats();
+    assert_eq!((stats.scheduled, stats.pending), (0, 0), "{stats:?}");
+    drop(sleep);
+    // The one place max_pending allows is still free.
+    let mut again = timer.try_sleep_until(std::time::Instant::now() + Duration::from_millis(1));
+    assert!(again.is_ok(), "{:?}", again.as_ref().err());
+    futures::executor::block_on(again.as_mut().unwrap());
+}
+
 use std::future::Future;
 
 /// Finding 5: a shard thread that dies (killed by the test-only fault hook) is reported by

@@ -134,7 +134,8 @@ impl ShardShared {
     /// in a [`TimerHandle`](super::handle::TimerHandle), and where it was staged, if it was
     /// (for [`retract`](Self::retract)). `make` is called once the timer has a place, and the
     /// task it makes is written where the timer waits (a stage's cell: no copy of the task on
-    /// the way); a refused `make` is dropped uncalled.
+    /// the way); it must not run user code (a panic there would leave the place taken). A
+    /// refused `make` is dropped uncalled (contained: it holds the task's user code).
     #[inline]
     pub(crate) fn submit<M: FnOnce() -> Task>(
         &self,
