@@ -214,6 +214,13 @@ impl Sleep {
         self
     }
 
+    /// [`reset`](Self::reset) by a caller that has just read the time, `now`: a deadline at or
+    /// before it is elapsed at once, without a timer.
+    fn reset_knowing(&mut self, deadline: Instant, now: Instant) {
+        Pin::new(&mut *self).reset(deadline);
+        self.elapsed = deadline <= now;
+    }
+
     /// A sleep until `deadline` whose timer is scheduled now (unless the deadline has passed),
     /// with no waker yet: its first pending poll replaces the timer with one for its waker.
     pub(crate) fn armed(engine: EngineRef, deadline: Instant) -> Result<Sleep, ScheduleError> {
@@ -519,8 +526,7 @@ impl Interval {
                 let next = next.unwrap_or_else(|| crate::clock::far_future(now));
                 // Unarms the fired timer: the next poll schedules one for `next`, or completes
                 // at once if `next` has passed (a burst catching up).
-                Pin::new(&mut self.sleep).reset(next);
-                self.sleep.elapsed = next <= now;
+                self.sleep.reset_knowing(next, now);
                 Poll::Ready(due)
             }
         }
@@ -558,8 +564,7 @@ impl Interval {
     /// The next tick is now, and the grid continues from it.
     pub fn reset_immediately(&mut self) {
         let now = self.now();
-        self.reset_at(now);
-        self.sleep.elapsed = true;
+        self.sleep.reset_knowing(now, now);
     }
 
     /// The next tick is `after` from now, and the grid continues from it.

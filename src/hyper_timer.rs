@@ -77,14 +77,14 @@ impl hyper::rt::Sleep for Sleep {}
 impl hyper::rt::Timer for HyperTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(match &self.timer {
-            Which::Default(timer) => timer.sleep_on(timer.static_engine_ref(), duration),
+            Which::Default(_) => crate::sleep(duration),
             Which::Given(timer) => timer.sleep(duration),
         })
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(match &self.timer {
-            Which::Default(timer) => Sleep::new(timer.static_engine_ref(), deadline),
+            Which::Default(_) => crate::sleep_until(deadline),
             Which::Given(timer) => timer.sleep_until(deadline),
         })
     }
