@@ -317,6 +317,9 @@ struct Submitter {
     rng: Rng,
     owned: Vec<Owned>,
     live: Vec<Live>,
+    /// Repeating timers whose `cancel()` returned false (shutdown or their panic ended them):
+    /// their final state is read at the round's end.
+    ended: Vec<Live>,
     repeating_live: usize,
     counts: Counts,
     to_others: Vec<mpsc::Sender<(usize, TimerHandle)>>,
@@ -534,6 +537,10 @@ impl Submitter {
                     live.handle.state()
                 );
             }
+        } else if self.owned_of(live.id).kind != Kind::OneShot {
+            // Taken out of `live` mid-round (a cancel or a refused detach) while shutdown
+            // races us: its end state still tells whether shutdown ended it.
+            self.ended.push(live);
         }
     }
 
@@ -646,20 +653,12 @@ impl Submitter {
         barrier.wait();
         self.cancel_received();
         for live in std::mem::take(&mut self.live) {
-            let id = live.id;
-            self.cancel(live.clone_for_end_state());
-            self.owned_mut(id).end_state = Some(live.handle.state());
+            self.cancel(live);
+        }
+        for live in std::mem::take(&mut self.ended) {
+            self.owned_mut(live.id).end_state = Some(live.handle.state());
         }
         self.repeating_live = 0;
-    }
-}
-
-impl Live {
-    fn clone_for_end_state(&self) -> Live {
-        Live {
-            id: self.id,
-            handle: self.handle.clone(),
-        }
     }
 }
 
@@ -1008,6 +1007,7 @@ fn soak() {
             rng: Rng::new(config.seed ^ (t as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F)),
             owned: Vec::new(),
             live: Vec::new(),
+            ended: Vec::new(),
             repeating_live: 0,
             counts: Counts::default(),
             to_others: senders
