@@ -35,6 +35,9 @@ struct TaskVTable {
     repeat: Option<unsafe fn(*mut Storage) -> *mut dyn Repeat>,
     /// Drops the closure in place without calling it.
     drop: unsafe fn(*mut Storage),
+    /// Whether that drop runs code of the user's (a destructor of something the closure
+    /// captured); if not, it cannot panic and the engine may drop the task anywhere.
+    drop_runs_user_code: bool,
     /// Whether the shard runs it on its own thread rather than on the executor.
     runs_inline: bool,
 }
@@ -52,6 +55,7 @@ impl<F: FnOnce(), const RUNS_INLINE: bool> InlineVTable<F, RUNS_INLINE> {
         call: Self::call,
         repeat: None,
         drop: Self::drop,
+        drop_runs_user_code: mem::needs_drop::<F>(),
         runs_inline: RUNS_INLINE,
     };
 
@@ -79,6 +83,8 @@ impl<F: FnOnce(), const RUNS_INLINE: bool> BoxedVTable<F, RUNS_INLINE> {
         call: Self::call,
         repeat: None,
         drop: Self::drop,
+        // Freeing the box itself is the allocator's, not the user's.
+        drop_runs_user_code: mem::needs_drop::<F>(),
         runs_inline: RUNS_INLINE,
     };
 
@@ -105,6 +111,7 @@ impl<R: Repeat> RepeatVTable<R> {
         call: Self::call,
         repeat: Some(Self::repeat),
         drop: Self::drop,
+        drop_runs_user_code: mem::needs_drop::<R>(),
         runs_inline: false,
     };
 
@@ -191,6 +198,11 @@ impl Task {
             vtable: &RepeatVTable::<R>::VTABLE,
             storage,
         }
+    }
+
+    /// Whether dropping this task unrun runs code of the user's (and so may panic).
+    pub(crate) fn drop_runs_user_code(&self) -> bool {
+        self.vtable.drop_runs_user_code
     }
 
     /// Whether the shard runs this task on its own thread.

@@ -1048,3 +1048,48 @@ fn rewind_vs_drain() {
         );
     });
 }
+
+/// Model 23: the shard frees the slots of two cancelled timers into its chain (`Freed`) and
+/// pushes the chain onto the free list in one exchange, while another thread schedules (pops
+/// the list) and the main thread drops the last handle of a fired timer (pushes onto it): no
+/// slot is handed out twice (each of the four timers scheduled afterwards is pending, and
+/// cancelling one leaves the others pending).
+#[test]
+fn freed_chain_vs_allocate() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let fired = timer.schedule(MILLISECOND, || {}).unwrap();
+        let first = timer.schedule(Duration::from_secs(1), || {}).unwrap();
+        let second = timer.schedule(Duration::from_secs(1), || {}).unwrap();
+        clock.advance(2 * MILLISECOND); // `fired` fired; the shard holds the other two
+        assert!(first.cancel());
+        assert!(second.cancel());
+        drop((first, second)); // Their slots are freed by the shard's drain, into its chain.
+        let drainer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(MILLISECOND))
+        };
+        let scheduler = {
+            let timer = timer.clone();
+            thread::spawn(move || timer.schedule(Duration::from_secs(1), || {}).unwrap())
+        };
+        drop(fired); // Its slot goes onto the list by itself.
+        drainer.join().unwrap();
+        let mut timers = vec![scheduler.join().unwrap()];
+        for _ in 0..3 {
+            timers.push(timer.schedule(Duration::from_secs(1), || {}).unwrap());
+        }
+        clock.advance(MILLISECOND);
+        for (cancelled, handle) in timers.iter().enumerate() {
+            assert!(handle.cancel(), "timer {cancelled} was not pending");
+            for (other, handle) in timers.iter().enumerate().skip(cancelled + 1) {
+                assert_eq!(
+                    handle.state(),
+                    TimerState::Pending,
+                    "cancelling timer {cancelled} touched timer {other}: a slot handed out twice"
+                );
+            }
+        }
+    });
+}

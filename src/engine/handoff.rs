@@ -62,6 +62,17 @@ impl Handoff {
             && self.dropped.is_empty()
     }
 
+    /// Takes the task of a cancelled or ended timer: dropped at once when that runs no user
+    /// code, else kept in `dropped` for the hand-off to drop contained.
+    #[inline]
+    pub(crate) fn discard(&mut self, task: Task) {
+        if task.drop_runs_user_code() {
+            self.dropped.push(task);
+        } else {
+            drop(task);
+        }
+    }
+
     /// Whether any task was handed out to run.
     pub(crate) fn ran_anything(&self) -> bool {
         !(self.expired.is_empty() && self.inline.is_empty() && self.repeating.is_empty())

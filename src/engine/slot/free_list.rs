@@ -4,11 +4,28 @@
 //! The head (`SlotTable::free_head`) is `tag << 32 | (index + 1)`, 0 in the low half when
 //! empty. The tag changes on every push and pop, so a stale compare-and-swap fails (no ABA);
 //! the [reclaim](super::reclaim) relies on it too.
+//!
+//! The shard frees the slots of the timers its messages cancel into a [`Freed`] chain first,
+//! threaded through their FREE words like the list itself and pushed in one exchange at the
+//! end of the drain: the head's cache line then moves between the shard and the threads that
+//! allocate once per drain, not once per slot. A chained slot is, to everyone else, a free in
+//! progress (its word FREE, the push pending): no handle refers to it, and the reclaim's walk
+//! does not find it, so the reclaim fails until it is pushed.
 
 use super::SlotTable;
 use super::word::{FREE, GENERATION_MASK, GENERATION_SHIFT, NEXT_FREE_MASK, NEXT_FREE_SHIFT};
 use super::word::{generation_of, is_unreferenced, lifecycle_of};
 use crate::sync::Ordering;
+
+/// Slots freed by their shard and not yet pushed onto the free list (see the
+/// [module documentation](self)); only the shard's owner holds one.
+#[derive(Debug, Default)]
+pub(crate) struct Freed {
+    /// The chain's first slot + 1; 0 when empty.
+    first: u32,
+    /// The chain's last slot (meaningless when empty).
+    last: u32,
+}
 
 impl SlotTable {
     /// Pops a free slot: its index and generation. `None` when the list is empty.
@@ -69,6 +86,53 @@ impl SlotTable {
                 Err(actual) => head = actual,
             }
         }
+    }
+
+    /// [`free`](Self::free), into `freed` rather than onto the list.
+    pub(super) fn free_into(&self, index: u32, word: u64, freed: &mut Freed) {
+        debug_assert!(
+            is_unreferenced(word),
+            "slot {index} freed while referenced: {word:#x}"
+        );
+        let generation = (generation_of(word).wrapping_add(1) & GENERATION_MASK) as u64;
+        self.word(index).store(
+            generation << GENERATION_SHIFT | (freed.first as u64) << NEXT_FREE_SHIFT | FREE,
+            Ordering::Relaxed,
+        );
+        if freed.first == 0 {
+            freed.last = index;
+        }
+        freed.first = index + 1;
+    }
+
+    /// Pushes the chain `freed` onto the free list in one exchange, and empties it.
+    pub(crate) fn push_freed(&self, freed: &mut Freed) {
+        if freed.first == 0 {
+            return;
+        }
+        // Only the chain's holder writes a chained word: no handle refers to the slot and
+        // the list does not reach it yet.
+        let last = self.word(freed.last);
+        let last_word = last.load(Ordering::Relaxed);
+        let mut head = self.free_head.load(Ordering::Acquire);
+        loop {
+            let next = (head as u32) as u64;
+            last.store(
+                last_word & !NEXT_FREE_MASK | next << NEXT_FREE_SHIFT,
+                Ordering::Relaxed,
+            );
+            let tag = (head >> 32).wrapping_add(1);
+            match self.free_head.compare_exchange_weak(
+                head,
+                tag << 32 | freed.first as u64,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => break,
+                Err(actual) => head = actual,
+            }
+        }
+        *freed = Freed::default();
     }
 
     /// The free list's head now (the shard compares it with [`Reclaim::Busy`]'s `head` to

@@ -137,6 +137,7 @@ mod reclaim;
 mod tests;
 mod word;
 
+pub(crate) use free_list::Freed;
 #[cfg(shardwheel_loom)]
 pub use hook::SlotTableHook;
 pub(crate) use pages::Slot;
@@ -831,6 +832,22 @@ impl SlotTable {
     /// The shard lets go of a cancelled slot (after dropping its task); frees it if no handle
     /// is left.
     pub(crate) fn let_go(&self, index: u32) {
+        if let Some(word) = self.let_go_unfreed(index) {
+            self.free(index, word);
+        }
+    }
+
+    /// [`let_go`](Self::let_go), freeing into the shard's chain `freed` (pushed onto the free
+    /// list later, see [`free_list`]).
+    pub(crate) fn let_go_into(&self, index: u32, freed: &mut Freed) {
+        if let Some(word) = self.let_go_unfreed(index) {
+            self.free_into(index, word, freed);
+        }
+    }
+
+    /// Clears SHARD; returns the word to free with if no handle is left.
+    #[inline]
+    fn let_go_unfreed(&self, index: u32) -> Option<u64> {
         let old = self.word(index).fetch_and(!SHARD, Ordering::AcqRel);
         debug_assert!(old & SHARD != 0, "slot {index} let go twice: {old:#x}");
         debug_assert_eq!(
@@ -838,9 +855,7 @@ impl SlotTable {
             CANCELLED,
             "slot {index} let go while not cancelled"
         );
-        if is_unreferenced(old & !SHARD) {
-            self.free(index, old & !SHARD);
-        }
+        is_unreferenced(old & !SHARD).then_some(old & !SHARD)
     }
 
     /// Shutdown: PENDING -> CANCELLED whatever the reset count. True iff this call did it.
