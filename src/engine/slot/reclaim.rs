@@ -35,7 +35,7 @@
 //! |-------------------------------------------------------|----------------|
 //! | a popper that read `H` and reads the head slot's link | step 4 bumped the tag: its compare-and-swap fails, whatever (zeros) it read |
 //! | an allocator between taking a slot and `begin` (its word still looks FREE) | popped: not on the list under `H`; fresh: not on the list at all, so the walk counts fewer than `N`; a fresh one after step 1 fails step 3 |
-//! | a free in progress (FREE word stored, push pending)   | not on the list under `H`: the walk counts fewer than `N` |
+//! | a free in progress (FREE word stored, push pending; or in the shard's [`Freed`](super::Freed) chain) | not on the list under `H`: the walk counts fewer than `N` |
 //! | anything pushed or popped during the walk             | the tag changed: step 4 fails (and the walk may stop early) |
 //! | a stale `Relocate` / `Reset` (index, generation)      | every old generation is at most the newest one walked: new timers start above it, so the generation check rejects it |
 //! | `Schedule`, `Rearm`                                   | their slot has `SHARD` set, so it is not free: the walk fails |
