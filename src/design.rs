@@ -54,7 +54,8 @@
 //!    are such waker tasks (`src/futures.rs`, `src/default_timer.rs`).
 //! 7. **Free.** When a timer has fired or been cancelled, the owner has let go of it and no
 //!    handle is left, whoever made that last change returns the slot to the free list with the
-//!    next generation (`src/engine/slot/mod.rs`).
+//!    next generation (`src/engine/slot/mod.rs`; the owner gathers the slots its drain frees and
+//!    returns them at once, `src/engine/slot/free_list.rs`).
 //!
 //! # Memory
 //!
