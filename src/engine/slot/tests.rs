@@ -249,3 +249,53 @@ fn cancel_and_release_cancels_and_lets_go_in_one_step() {
     assert!(!table.cancel(third, third_generation));
     assert_eq!(table.allocated(), 1);
 }
+
+#[test]
+fn freed_chain_goes_onto_the_list_in_one_push() {
+    let table = SlotTable::new();
+    let count = RECLAIM_ABOVE as usize + 100;
+    let timers: Vec<(u32, u32)> = (0..count)
+        .map(|_| {
+            let (index, generation) = table.allocate().unwrap();
+            table.begin(index, generation, 10, false);
+            (index, generation)
+        })
+        .collect();
+    // Handles gone first, so that the shard's let-go frees: into its chain.
+    let mut freed = Freed::default();
+    for &(index, generation) in &timers {
+        assert!(table.cancel(index, generation));
+        table.drop_handle(index);
+        table.let_go_into(index, &mut freed);
+    }
+    let head = table.free_head();
+    assert_eq!(head as u32, 0, "a chained slot is not on the list yet");
+    assert_eq!(
+        table.try_reclaim(),
+        Reclaim::Busy { head },
+        "the reclaim waits for the chain"
+    );
+    // One more slot on the list before the chain: the chain goes in front of it.
+    let (extra, extra_generation) = table.allocate().unwrap();
+    assert_eq!(
+        extra as usize, count,
+        "a fresh slot while the chain is held"
+    );
+    table.begin(extra, extra_generation, 10, false);
+    assert!(table.cancel(extra, extra_generation));
+    table.let_go(extra);
+    table.drop_handle(extra);
+    table.push_freed(&mut freed);
+    assert_eq!(table.free_head() >> 32, (head >> 32) + 2, "one push each");
+    // Last freed, first handed out, each at the next generation; then the extra slot.
+    for &(index, generation) in timers.iter().rev() {
+        assert_eq!(table.allocate(), Some((index, generation + 1)));
+        table.begin(index, generation + 1, 10, false);
+        assert!(!table.cancel(index, generation), "stale cancel of {index}");
+    }
+    assert_eq!(table.allocate(), Some((extra, extra_generation + 1)));
+    // Pushing an empty chain changes nothing.
+    let head = table.free_head();
+    table.push_freed(&mut freed);
+    assert_eq!(table.free_head(), head);
+}
