@@ -55,16 +55,3 @@ pub(crate) enum Message {
         task: Option<Task>,
     },
 }
-
-impl Message {
-    /// The slot the message is about.
-    pub(crate) fn index(&self) -> u32 {
-        match *self {
-            Message::Schedule { index, .. }
-            | Message::Cancel { index, .. }
-            | Message::Relocate { index, .. }
-            | Message::Reset { index, .. }
-            | Message::Rearm { index, .. } => index,
-        }
-    }
-}

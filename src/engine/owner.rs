@@ -14,15 +14,10 @@ use crate::stats::LocalLateness;
 use crate::sync::Arc;
 use crate::task::Task;
 use crate::wheel::raw::{LinkStore, Links, RawWheel};
-use std::collections::VecDeque;
 
 /// Messages drained per turn before the shard looks at the wheel again, so a flood of
 /// submissions cannot delay expiry.
 pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
-
-/// Messages popped together so that the entries they name are fetched together (see
-/// [`ShardOwner::drain_inbox`]).
-const PREFETCH_BATCH: usize = 16;
 
 /// The owner's record of one timer, under the same index as its slot.
 struct Entry {
@@ -110,8 +105,6 @@ pub(crate) struct ShardOwner {
     reclaim: IdleReclaim,
     /// The shard's stages, as far as the owner has seen them register.
     stages: StageList,
-    /// Messages popped and not yet applied (empty between drains; kept for its capacity).
-    batch: VecDeque<Message>,
     /// Slots the drain's cancels freed, pushed onto the free list at its end (empty between
     /// drains).
     freed: Freed,
@@ -129,7 +122,6 @@ impl ShardOwner {
             live: 0,
             reclaim: IdleReclaim::new(),
             stages: StageList::default(),
-            batch: VecDeque::with_capacity(PREFETCH_BATCH),
             freed: Freed::default(),
             fired: 0,
             reset: 0,
@@ -138,28 +130,15 @@ impl ShardOwner {
     }
 
     /// Applies up to [`DRAIN_BATCH`] messages; returns how many there were.
-    ///
-    /// Messages are taken [`PREFETCH_BATCH`] at a time and the entry and slot each names are
-    /// prefetched before any is applied: the timers a burst of messages names are scattered, so
-    /// their cache misses overlap instead of following one another.
     pub(crate) fn drain_inbox(&mut self, handoff: &mut Handoff) -> usize {
         let shared = self.shared.clone();
         let mut drained = 0;
         while drained < DRAIN_BATCH {
-            while self.batch.len() < PREFETCH_BATCH {
-                let Some(message) = shared.inbox.pop() else {
-                    break;
-                };
-                Store::new(&mut self.entries.0, &shared.slots).prefetch(message.index());
-                self.batch.push_back(message);
-            }
-            if self.batch.is_empty() {
+            let Some(message) = shared.inbox.pop() else {
                 break;
-            }
-            drained += self.batch.len();
-            while let Some(message) = self.batch.pop_front() {
-                self.apply(message, handoff);
-            }
+            };
+            drained += 1;
+            self.apply(message, handoff);
         }
         shared.slots.push_freed(&mut self.freed);
         drained
@@ -579,10 +558,6 @@ impl Drop for ShardOwner {
         let entries = std::mem::take(&mut self.entries.0);
         for task in entries.into_iter().filter_map(|entry| entry.task) {
             drop_contained(&self.shared.counters, task);
-        }
-        // Messages popped but not applied: only when applying one failed (an engine bug).
-        for message in std::mem::take(&mut self.batch) {
-            drop_contained(&self.shared.counters, message);
         }
     }
 }
