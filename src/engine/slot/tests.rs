@@ -68,16 +68,21 @@ fn repeating_timers_reset_through_the_shard() {
     assert_eq!(table.allocated(), 1);
 }
 
-/// Schedules `count` timers and cancels them the way a handle and the shard do (their
-/// handles are left to drop); returns their (index, generation).
-fn fill_and_cancel(table: &SlotTable, count: usize) -> Vec<(u32, u32)> {
-    let timers: Vec<(u32, u32)> = (0..count)
+/// Schedules `count` timers (pending at tick 10); returns their (index, generation).
+fn schedule_many(table: &SlotTable, count: usize) -> Vec<(u32, u32)> {
+    (0..count)
         .map(|_| {
             let (index, generation) = table.allocate().unwrap();
             table.begin(index, generation, 10, false);
             (index, generation)
         })
-        .collect();
+        .collect()
+}
+
+/// Schedules `count` timers and cancels them the way a handle and the shard do (their
+/// handles are left to drop); returns their (index, generation).
+fn fill_and_cancel(table: &SlotTable, count: usize) -> Vec<(u32, u32)> {
+    let timers = schedule_many(table, count);
     for &(index, generation) in &timers {
         assert!(table.cancel(index, generation));
         table.let_go(index);
@@ -254,13 +259,7 @@ fn cancel_and_release_cancels_and_lets_go_in_one_step() {
 fn freed_chain_goes_onto_the_list_in_one_push() {
     let table = SlotTable::new();
     let count = RECLAIM_ABOVE as usize + 100;
-    let timers: Vec<(u32, u32)> = (0..count)
-        .map(|_| {
-            let (index, generation) = table.allocate().unwrap();
-            table.begin(index, generation, 10, false);
-            (index, generation)
-        })
-        .collect();
+    let timers = schedule_many(&table, count);
     // Handles gone first, so that the shard's let-go frees: into its chain.
     let mut freed = Freed::default();
     for &(index, generation) in &timers {
