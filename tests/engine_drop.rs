@@ -94,11 +94,9 @@ fn dropping_the_last_clone_shuts_down() {
                 "{context}: pending tasks dropped by the drop"
             );
             assert_eq!(get(&runs), 10, "{context}: pending tasks must not run");
-            assert_eq!(
-                threads_named(SHARD_THREAD),
-                0,
-                "{context}: shard threads joined"
-            );
+            // The drop joined the shard threads, but a joined thread can still be listed in
+            // `/proc/self/task` for a moment: the kernel wakes the joiner before it removes
+            // the thread. So wait for the list to empty rather than read it once.
             assert_no_engine_threads(&context);
             for (i, handle) in handles.iter().enumerate() {
                 let expected = if i < 10 {
