@@ -54,8 +54,9 @@
 //!    are such waker tasks (`src/futures.rs`, `src/default_timer.rs`).
 //! 7. **Free.** When a timer has fired or been cancelled, the owner has let go of it and no
 //!    handle is left, whoever made that last change returns the slot to the free list with the
-//!    next generation (`src/engine/slot/mod.rs`; the owner gathers the slots its drain frees and
-//!    returns them at once, `src/engine/slot/free_list.rs`).
+//!    next generation (`src/engine/slot/mod.rs`; the slots that the owner frees as it applies
+//!    `Cancel` messages are gathered during a drain and returned at once,
+//!    `src/engine/slot/free_list.rs`).
 //!
 //! # Memory
 //!
@@ -75,10 +76,11 @@
 //!
 //! # User code
 //!
-//! Tasks (run or dropped), wakers and panic payloads are user code. The engine calls it only
-//! through one containment helper that catches and counts a panic, never while holding shard
-//! state: see "Containing user code" in `src/engine/executor.rs`, where every call site is
-//! listed. A shard thread that dies anyway (an engine bug) is marked failed, reported by
+//! Tasks (run, or dropped when that runs a destructor of theirs), wakers and panic payloads are
+//! user code. The engine calls it only through one containment helper that catches and counts
+//! a panic, never while holding shard state: see "Containing user code" in
+//! `src/engine/executor.rs`, where every call site is listed. A shard thread that dies anyway
+//! (an engine bug) is marked failed, reported by
 //! [`Stats::failed_shards`](crate::Stats::failed_shards), and its timers are returned at
 //! shutdown (`src/engine/worker.rs`).
 //!

@@ -57,7 +57,7 @@ impl HyperTimer {
 }
 
 impl Default for HyperTimer {
-    /// Hyper's timeouts on the process-wide [`default_timer`](crate::default_timer).
+    /// Hyper's timeouts on the process-wide [`default_timer`](crate::default_timer()).
     ///
     /// # Panics
     ///

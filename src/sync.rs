@@ -56,8 +56,8 @@ impl<T> UnsafeCell<T> {
 /// which the inbox's signal word already orders, so loom need not see it.
 pub(crate) use std::sync::OnceLock;
 
-/// The process-wide default timer's cells ([`crate::default_timer`]): plain `std` even under
-/// loom, because no model uses the default timer.
+/// The process-wide default timer's cells ([`default_timer`](mod@crate::default_timer)):
+/// plain `std` even under loom, because no model uses the default timer.
 pub(crate) mod process {
     pub(crate) use std::sync::{Mutex, OnceLock};
 }

@@ -27,7 +27,10 @@
 //!
 //! Dropping on the shard thread happens only after the turn let go of the owner's state (the
 //! turn collects tasks into a `Handoff`, see `handoff.rs`), so user code never sees the shard
-//! mid-change, and may even call `shutdown()` (see `worker::hand_off`).
+//! mid-change, and may even call `shutdown()` (see `worker::hand_off`). The one exception runs
+//! no user code: a task whose closure has no drop glue at all (`mem::needs_drop` is false, so
+//! nothing it captured has a destructor; `Task::drop_runs_user_code`) is dropped inside the
+//! turn, where it is found (`Handoff::discard`).
 //!
 //! Only a panic while already unwinding cannot be contained: a task whose captured value
 //! panics in its destructor while the task's own panic unwinds aborts the process (Rust's

@@ -41,7 +41,8 @@ pub(crate) struct RepeatingRun {
 }
 
 /// What one turn of a shard produced: tasks to run and tasks to drop, all handed off only
-/// after the owner's state is no longer borrowed (user code never runs inside a turn).
+/// after the owner's state is no longer borrowed (user code never runs inside a turn; tasks
+/// whose drop runs none are dropped at once instead, see [`discard`](Self::discard)).
 #[derive(Default)]
 pub(crate) struct Handoff {
     /// One-shot tasks for the executor.

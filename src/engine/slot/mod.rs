@@ -67,7 +67,7 @@
 //! | RUNNING                   | [`finish_run`] (shard, `Rearm` message) | PENDING (re-armed), or FIRED / SHARD cleared |
 //! | RUNNING, after shutdown   | [`end_run_after_shutdown`] (runner)     | CANCELLED if PENDING; SHARD cleared |
 //! | CANCELLED                 | [`let_go`] (shard)                      | SHARD cleared                    |
-//! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list (the shard's cancels: first in its [`Freed`] chain, pushed at the end of its drain) |
+//! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list (the shard's let-go on a `Cancel` message: first in its [`Freed`] chain, pushed at the end of its drain) |
 //! | every slot FREE and on the free list | [`try_reclaim`] (shard, idle)    | off the list; fresh again, at a generation above all; page memory given back |
 //!
 //! Every transition is one compare-and-swap or read-modify-write of the word, so exactly one
