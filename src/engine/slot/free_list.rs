@@ -60,35 +60,16 @@ impl SlotTable {
         None
     }
 
-    /// Puts an unreferenced slot back on the free list with the next generation.
+    /// Puts an unreferenced slot back on the free list with the next generation: a chain of
+    /// one, pushed at once.
     pub(super) fn free(&self, index: u32, word: u64) {
-        debug_assert!(
-            is_unreferenced(word),
-            "slot {index} freed while referenced: {word:#x}"
-        );
-        let generation = (generation_of(word).wrapping_add(1) & GENERATION_MASK) as u64;
-        let word = self.word(index);
-        let mut head = self.free_head.load(Ordering::Acquire);
-        loop {
-            let next = (head as u32) as u64;
-            word.store(
-                generation << GENERATION_SHIFT | next << NEXT_FREE_SHIFT | FREE,
-                Ordering::Relaxed,
-            );
-            let tag = (head >> 32).wrapping_add(1);
-            match self.free_head.compare_exchange_weak(
-                head,
-                tag << 32 | (index as u64 + 1),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => return,
-                Err(actual) => head = actual,
-            }
-        }
+        let mut chain = Freed::default();
+        self.free_into(index, word, &mut chain);
+        self.push_freed(&mut chain);
     }
 
-    /// [`free`](Self::free), into `freed` rather than onto the list.
+    /// Frees an unreferenced slot (its word FREE at the next generation) into the chain
+    /// `freed`, to be pushed onto the list later.
     pub(super) fn free_into(&self, index: u32, word: u64, freed: &mut Freed) {
         debug_assert!(
             is_unreferenced(word),
