@@ -7,6 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
+# Models that drive the engine through its message queue take more than loom's default 1,000
+# branches per execution (each push is several atomic steps): not a spin, just length.
+export LOOM_MAX_BRANCHES="${LOOM_MAX_BRANCHES:-5000}"
 export RUSTFLAGS="--cfg shardwheel_loom ${RUSTFLAGS:-}"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target/loom}"
 # Keep the engine's debug_assert! invariants on in the optimized loom build.

@@ -78,6 +78,11 @@ pub use timer::{Builder, Timer};
 #[doc(hidden)]
 pub use engine::slot::SlotTableHook;
 
+/// The inbox's message queue, for the loom model of its protocol only.
+#[cfg(shardwheel_loom)]
+#[doc(hidden)]
+pub use engine::queue::QueueHook;
+
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub mod test_hooks;

@@ -1,10 +1,8 @@
 //! The one place that chooses between `std` and `loom` synchronization.
 //!
-//! Everything else in the crate imports atomics, `Arc`, `Mutex`, threads and the lock-free
-//! message queue from here. Under `--cfg shardwheel_loom` they are loom's model-checked types, and the
-//! crossbeam queue (which loom cannot see) is replaced by `Queue`, a loom-visible stand-in
-//! with the same contract: an unbounded multi-producer multi-consumer FIFO whose `push` never
-//! blocks and whose `pop` returns `None` when empty.
+//! Everything else in the crate imports atomics, `Arc`, `Mutex` and threads from here. Under
+//! `--cfg shardwheel_loom` they are loom's model-checked types. (The inbox's message queue is the
+//! crate's own, `engine/queue.rs`, built on these, so loom sees it whole.)
 
 #[cfg(not(shardwheel_loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
@@ -75,34 +73,13 @@ pub(crate) mod statistics {
     pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 }
 
-/// The lock-free multi-producer queue that carries messages to a shard.
-#[cfg(not(shardwheel_loom))]
-pub(crate) type Queue<T> = crossbeam_queue::SegQueue<T>;
-
-/// Loom stand-in for `crossbeam_queue::SegQueue`: same contract, visible to the model checker.
-#[cfg(shardwheel_loom)]
-#[derive(Debug)]
-pub(crate) struct Queue<T>(loom::sync::Mutex<std::collections::VecDeque<T>>);
-
-#[cfg(shardwheel_loom)]
-impl<T> Queue<T> {
-    pub(crate) fn new() -> Queue<T> {
-        Queue(loom::sync::Mutex::new(std::collections::VecDeque::new()))
-    }
-    pub(crate) fn push(&self, value: T) {
-        self.0.lock().unwrap().push_back(value);
-    }
-    pub(crate) fn pop(&self) -> Option<T> {
-        self.0.lock().unwrap().pop_front()
-    }
-}
-
 /// Dekker's protocol (store, then load the other side's word) needs store-load ordering on
-/// both sides: each side's write must be globally visible before its read. Both sides in this
-/// crate (a lazy reset's `swap` of the deadline, the shard's compare-and-swap taking the
-/// deadline lock, see `engine/slot/`) write with a read-modify-write, and go through the two
-/// functions below, which glue the fence to the read-modify-write: there is no free-standing
-/// fence that a plain `store` could be put in front of.
+/// both sides: each side's write must be globally visible before its read. Every such pair in
+/// this crate (for one, a lazy reset's `swap` of the deadline against the shard's
+/// compare-and-swap taking the deadline lock, see `engine/slot/`) writes with a
+/// read-modify-write, and goes through the functions below, which glue the fence to the
+/// read-modify-write: there is no free-standing fence that a plain `store` could be put in
+/// front of.
 ///
 /// On x86 every read-modify-write is a locked instruction, which already is a full fence, so
 /// only the compiler is held back (crossbeam-epoch relies on the same fact); elsewhere, and under
@@ -160,6 +137,32 @@ pub(crate) fn compare_exchange_flag_then_fence(
     success: Ordering,
     failure: Ordering,
 ) -> Result<bool, bool> {
+    let result = atomic.compare_exchange(current, new, success, failure);
+    if result.is_ok() {
+        fence_after_read_modify_write();
+    }
+    result
+}
+
+/// `atomic.fetch_add(value, order)`, then a sequentially consistent fence (see
+/// [`fence_after_read_modify_write`]).
+#[inline]
+pub(crate) fn fetch_add_then_fence(atomic: &AtomicU64, value: u64, order: Ordering) -> u64 {
+    let old = atomic.fetch_add(value, order);
+    fence_after_read_modify_write();
+    old
+}
+
+/// `atomic.compare_exchange(..)` on a pointer, then, if it succeeded, a sequentially consistent
+/// fence (see [`fence_after_read_modify_write`]).
+#[inline]
+pub(crate) fn compare_exchange_ptr_then_fence<T>(
+    atomic: &AtomicPtr<T>,
+    current: *mut T,
+    new: *mut T,
+    success: Ordering,
+    failure: Ordering,
+) -> Result<*mut T, *mut T> {
     let result = atomic.compare_exchange(current, new, success, failure);
     if result.is_ok() {
         fence_after_read_modify_write();

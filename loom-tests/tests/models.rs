@@ -12,7 +12,9 @@ use loom::sync::Notify;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use loom_tests::model;
-use shardwheel::{Clock, Executor, MissedTickBehavior, SlotTableHook, Timer, TimerState};
+use shardwheel::{
+    Clock, Executor, MissedTickBehavior, QueueHook, SlotTableHook, Timer, TimerState,
+};
 use std::time::{Duration, Instant};
 
 const MILLISECOND: Duration = Duration::from_millis(1);
@@ -1091,5 +1093,44 @@ fn freed_chain_vs_allocate() {
                 );
             }
         }
+    });
+}
+
+/// The inbox's message queue (blocks of two cells under loom): two producers push two values
+/// each while the consumer pops and hands back the blocks it has read through, which the
+/// producers then fill again. Every value comes out once, each producer's in its order, and no
+/// block is written while handed back or read before its cell is written (loom's `UnsafeCell`
+/// checks).
+#[test]
+fn queue_blocks_handed_back() {
+    model(|| {
+        let queue = Arc::new(QueueHook::default());
+        let producers: Vec<_> = (0..2u64)
+            .map(|producer| {
+                let queue = queue.clone();
+                thread::spawn(move || {
+                    for value in 0..2 {
+                        queue.push(producer * 10 + value);
+                    }
+                })
+            })
+            .collect();
+        let mut popped = queue.pop_ready();
+        popped.extend(queue.pop_ready());
+        for producer in producers {
+            producer.join().unwrap();
+        }
+        popped.extend(queue.pop_ready());
+        queue.push(99); // Into a block handed back, if one was.
+        popped.extend(queue.pop_ready());
+        for producer in 0..2 {
+            let own: Vec<u64> = popped
+                .iter()
+                .copied()
+                .filter(|value| value / 10 == producer)
+                .collect();
+            assert_eq!(own, [producer * 10, producer * 10 + 1], "popped {popped:?}");
+        }
+        assert_eq!(popped.len(), 5, "popped {popped:?}");
     });
 }

@@ -33,7 +33,8 @@
 //! sets DRAINED; from then on late submitters empty the queue themselves.
 
 use super::message::Message;
-use crate::sync::{AtomicU64, OnceLock, Ordering, Queue, thread};
+use super::queue::{Consumer, Queue};
+use crate::sync::{AtomicU64, OnceLock, Ordering, thread};
 use crossbeam_utils::CachePadded;
 use std::time::Duration;
 
@@ -206,9 +207,10 @@ impl Inbox {
         }
     }
 
-    /// Pops one message (shard, or a late submitter after DRAINED).
-    pub(crate) fn pop(&self) -> Option<Message> {
-        self.queue.pop()
+    /// The role of the messages' consumer (the shard, or a late submitter after DRAINED),
+    /// until dropped: [`Consumer::pop`] pops one.
+    pub(crate) fn messages(&self) -> Consumer<'_, Message> {
+        self.queue.consumer()
     }
 
     /// Parks the shard until `wake_tick` (which `timeout` measures from now; `None` = no

@@ -10,7 +10,7 @@
 //! | [`shared`] | what other threads see of a shard: slot table, inbox, `send`, pending limit |
 //! | [`slot`] | the slot table: each timer's shared state word |
 //! | [`stage`] | new one-shot timers on their way to the owner: a ring per submitting thread |
-//! | [`message`], [`inbox`] | everything else getting to the owner, and waking it |
+//! | [`message`], [`queue`], [`inbox`] | everything else getting to the owner, and waking it |
 //! | [`owner`] | the shard's owner: entries, applying messages, expiry, one turn, shutdown |
 //! | [`reclaim`] | giving an idle shard's memory back |
 //! | [`worker`] | the owner's thread: turns and parking |
@@ -24,6 +24,7 @@ pub(crate) mod inbox;
 pub(crate) mod message;
 pub(crate) mod owner;
 pub(crate) mod placement;
+pub(crate) mod queue;
 pub(crate) mod reclaim;
 pub(crate) mod shared;
 pub(crate) mod slot;

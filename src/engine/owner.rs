@@ -132,14 +132,16 @@ impl ShardOwner {
     /// Applies up to [`DRAIN_BATCH`] messages; returns how many there were.
     pub(crate) fn drain_inbox(&mut self, handoff: &mut Handoff) -> usize {
         let shared = self.shared.clone();
+        let mut messages = shared.inbox.messages();
         let mut drained = 0;
         while drained < DRAIN_BATCH {
-            let Some(message) = shared.inbox.pop() else {
+            let Some(message) = messages.pop() else {
                 break;
             };
             drained += 1;
             self.apply(message, handoff);
         }
+        drop(messages);
         shared.slots.push_freed(&mut self.freed);
         drained
     }

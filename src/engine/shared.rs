@@ -345,6 +345,13 @@ impl ShardShared {
         );
     }
 
+    /// Pops every message the queue holds, out of the consumer's role before their tasks (user
+    /// code) are dropped: a task's drop may submit, and so discard late messages, itself.
+    fn take_messages(&self) -> Vec<Message> {
+        let mut messages = self.inbox.messages();
+        std::iter::from_fn(|| messages.pop()).collect()
+    }
+
     /// After shutdown's last drain: drops whatever late submitters left in the queue (all of
     /// it belongs to rejected schedules or to timers shutdown already settled). The tasks in
     /// them are dropped contained.
@@ -359,7 +366,7 @@ impl ShardShared {
             );
             drop_contained(&self.counters, task);
         });
-        while let Some(message) = self.inbox.pop() {
+        for message in self.take_messages() {
             // The shard will never apply these: end the repeating timers they hand back.
             if let Message::Rearm { index, .. } = message
                 && self.slots.end_run_after_shutdown(index)
@@ -375,7 +382,7 @@ impl Drop for ShardShared {
     /// Messages and staged timers still queued (only when a failed shard's owner could not be
     /// closed) hold tasks: user code, dropped contained.
     fn drop(&mut self) {
-        while let Some(message) = self.inbox.pop() {
+        for message in self.take_messages() {
             drop_contained(&self.counters, message);
         }
         let counters = &self.counters;

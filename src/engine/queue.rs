@@ -1,0 +1,375 @@
+//! The message queue of an [inbox](super::inbox): many producers, one consumer at a time,
+//! unbounded, in blocks that the consumer hands back for reuse.
+//!
+//! # How it works
+//!
+//! One counter, `tail`, hands out positions 0, 1, 2, ...: a producer takes the next with one
+//! read-modify-write, finds the block that holds it, writes its value into that cell and sets
+//! the cell's bit in the block's `ready` word (a second read-modify-write). The consumer keeps
+//! `head` to itself: one consumer at a time, under a lock it takes once per drain
+//! ([`Queue::consumer`]), not once per message. It reads a cell once the cell's bit is set,
+//! loading `ready` again only when the bits it loaded last do not cover the cell. So a pop
+//! writes nothing that a producer reads, and a push allocates nothing while blocks come back.
+//!
+//! Blocks of [`CAPACITY`] cells form a list, oldest first. `tail_block` is a hint for
+//! producers: a block at or before the one holding the next position. A producer walks from it
+//! along `next` to its own block, appending one where the list ends. A producer that walks
+//! past a block whose every cell is ready moves the hint past it (a compare-and-swap), then
+//! reads `tail` and records it in the block as `released_at`.
+//!
+//! # Handing blocks back
+//!
+//! The consumer is done with a block once it has read its last cell, but producers may still
+//! walk through it. It hands the block back (appends it at the end of the list, with new
+//! positions, or frees it) only once
+//!
+//! 1. the block is released: the hint has moved past it, so no producer finds it from now on;
+//! 2. `head` has reached its `released_at`: every producer that found the block through the
+//!    hint took its position before the hint moved, so below `released_at` (see below), and
+//!    walks before it writes its cell, which the consumer has read.
+//!
+//! Why a producer that read the old hint took a position below `released_at`: the producer
+//! takes its position, fences, then reads the hint; the releasing producer moves the hint,
+//! fences, then reads `tail` (Dekker, with the fences of `crate::sync`). If the producer's read
+//! missed the move, the releaser's read of `tail` counts the producer's position.
+//!
+//! At most [`SPARE_BLOCKS`] blocks wait past the one holding `tail`; more are freed. A block
+//! that holds a position is never handed back before the position's cell is read, so a
+//! producer's own block is safe to write.
+//!
+//! | who | may touch |
+//! |-----|-----------|
+//! | a producer | the cell of the position it took; `next` of a block it walks to whose `next` is null (appending); the hint and `released_at` of a block it moved the hint past |
+//! | the consumer (holds the lock) | cells from `head` on whose bit it saw set; blocks it hands back, every field, until it appends them |
+
+use crate::sync::{AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, UnsafeCell};
+use crate::sync::{compare_exchange_ptr_then_fence, fetch_add_then_fence, lock};
+use crossbeam_utils::CachePadded;
+use std::mem::MaybeUninit;
+use std::ptr;
+
+/// Cells per block.
+#[cfg(not(shardwheel_loom))]
+const CAPACITY: u64 = 64;
+/// Small under loom, so that a model fills, releases and hands back blocks.
+#[cfg(shardwheel_loom)]
+const CAPACITY: u64 = 2;
+
+/// `ready` when every cell of a block is written.
+const ALL_READY: u64 = u64::MAX >> (64 - CAPACITY);
+
+/// Blocks kept past the one holding `tail` when the consumer hands one back.
+const SPARE_BLOCKS: u64 = 4;
+
+struct Block<T> {
+    /// Position of the first cell. Written only while no other thread can reach the block.
+    start: AtomicU64,
+    next: AtomicPtr<Block<T>>,
+    /// Bit `i`: cell `i` is written.
+    ready: AtomicU64,
+    /// 0 until the hint moved past the block; then `tail` as read right after (never 0).
+    released_at: AtomicU64,
+    cells: [UnsafeCell<MaybeUninit<T>>; CAPACITY as usize],
+}
+
+impl<T> Block<T> {
+    fn allocate(start: u64) -> *mut Block<T> {
+        Box::into_raw(Box::new(Block {
+            start: AtomicU64::new(start),
+            next: AtomicPtr::new(ptr::null_mut()),
+            ready: AtomicU64::new(0),
+            released_at: AtomicU64::new(0),
+            cells: std::array::from_fn(|_| UnsafeCell::new(MaybeUninit::uninit())),
+        }))
+    }
+}
+
+/// What the producers share: one cache line.
+struct Tail<T> {
+    /// The next position to take.
+    position: AtomicU64,
+    /// The hint: a block at or before the one holding `position`.
+    block: AtomicPtr<Block<T>>,
+}
+
+/// The consumer's state, under the queue's lock.
+struct Head<T> {
+    /// The next position to read.
+    position: u64,
+    /// The block holding `position`, or the one before it when `position` is its end.
+    block: *mut Block<T>,
+    /// `block`'s first position.
+    block_start: u64,
+    /// `block`'s `ready` as last loaded.
+    ready: u64,
+    /// The oldest block not handed back yet; those before `block` are read through.
+    oldest: *mut Block<T>,
+}
+
+/// An unbounded queue for many producers and one consumer at a time. See the
+/// [module documentation](self).
+pub(crate) struct Queue<T> {
+    tail: CachePadded<Tail<T>>,
+    head: Mutex<Head<T>>,
+}
+
+// SAFETY: values move from producers to the consumer, so `T: Send` suffices; every block is
+// reached through the atomics and the protocol of the module documentation.
+unsafe impl<T: Send> Send for Queue<T> {}
+// SAFETY: as above.
+unsafe impl<T: Send> Sync for Queue<T> {}
+// SAFETY: the raw pointers are the consumer's view of blocks the queue owns.
+unsafe impl<T: Send> Send for Head<T> {}
+
+impl<T> std::fmt::Debug for Queue<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("tail", &self.tail.position.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The consumer's role, held from [`Queue::consumer`] until dropped.
+pub(crate) struct Consumer<'a, T> {
+    queue: &'a Queue<T>,
+    head: MutexGuard<'a, Head<T>>,
+}
+
+impl<T> Queue<T> {
+    pub(crate) fn new() -> Queue<T> {
+        let first = Block::allocate(0);
+        Queue {
+            tail: CachePadded::new(Tail {
+                position: AtomicU64::new(0),
+                block: AtomicPtr::new(first),
+            }),
+            head: Mutex::new(Head {
+                position: 0,
+                block: first,
+                block_start: 0,
+                ready: 0,
+                oldest: first,
+            }),
+        }
+    }
+
+    /// Appends `value`. Never blocks.
+    pub(crate) fn push(&self, value: T) {
+        let position = fetch_add_then_fence(&self.tail.position, 1, Ordering::AcqRel);
+        let block = self.find_block(position);
+        let bit = 1 << (position % CAPACITY);
+        // SAFETY: the block holds `position`, which this thread took, so no other thread
+        // writes the cell, and the consumer reads it only once its bit is set (below); the
+        // block is not handed back before that read (module documentation).
+        unsafe {
+            (*block).cells[(position % CAPACITY) as usize].with_mut(|cell| (*cell).write(value));
+            (*block).ready.fetch_or(bit, Ordering::Release);
+        }
+    }
+
+    /// The block holding `position`, which this thread took and has not written yet.
+    fn find_block(&self, position: u64) -> *mut Block<T> {
+        let start = position - position % CAPACITY;
+        let mut current = self.tail.block.load(Ordering::Acquire);
+        let mut may_release = true;
+        loop {
+            // SAFETY: reached from the hint after taking `position`, whose cell is not written
+            // yet: not handed back before it is (module documentation).
+            let block = unsafe { &*current };
+            let block_start = block.start.load(Ordering::Relaxed);
+            if block_start == start {
+                return current;
+            }
+            debug_assert!(
+                block_start < start,
+                "the hint passed a position not written"
+            );
+            let next = match block.next.load(Ordering::Acquire) {
+                next if next.is_null() => self.append_new(block, block_start),
+                next => next,
+            };
+            if may_release && block.ready.load(Ordering::Acquire) == ALL_READY {
+                match compare_exchange_ptr_then_fence(
+                    &self.tail.block,
+                    current,
+                    next,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
+                    Ok(_) => {
+                        let tail = self.tail.position.load(Ordering::Acquire);
+                        block.released_at.store(tail, Ordering::Release);
+                    }
+                    Err(_) => may_release = false,
+                }
+            } else {
+                may_release = false;
+            }
+            current = next;
+        }
+    }
+
+    /// Appends a new block after `last` (which started at `last_start` and had no next);
+    /// returns `last`'s next, ours or the one another producer appended first.
+    fn append_new(&self, last: &Block<T>, last_start: u64) -> *mut Block<T> {
+        let new = Block::allocate(last_start + CAPACITY);
+        match last
+            .next
+            .compare_exchange(ptr::null_mut(), new, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => new,
+            Err(next) => {
+                // SAFETY: `new` was never published: this thread owns it.
+                unsafe { self.hand_back(next, new) };
+                next
+            }
+        }
+    }
+
+    /// Appends `block`, which this thread owns, at the end of the list (walking from `from`),
+    /// unless [`SPARE_BLOCKS`] blocks already wait there: then frees it.
+    ///
+    /// # Safety
+    ///
+    /// `block` is unreachable by other threads; `from` is in the list and not handed back
+    /// while this runs.
+    unsafe fn hand_back(&self, mut from: *mut Block<T>, block: *mut Block<T>) {
+        // SAFETY: the caller owns `block`.
+        let owned = unsafe { &*block };
+        owned.ready.store(0, Ordering::Relaxed);
+        owned.released_at.store(0, Ordering::Relaxed);
+        owned.next.store(ptr::null_mut(), Ordering::Relaxed);
+        loop {
+            // SAFETY: blocks after `from` are not handed back before `from` is.
+            let last = unsafe { &*from };
+            let next = last.next.load(Ordering::Acquire);
+            if !next.is_null() {
+                from = next;
+                continue;
+            }
+            let start = last.start.load(Ordering::Relaxed) + CAPACITY;
+            if start > self.tail.position.load(Ordering::Relaxed) + SPARE_BLOCKS * CAPACITY {
+                // SAFETY: the caller owns `block`, allocated by `Block::allocate`.
+                drop(unsafe { Box::from_raw(block) });
+                return;
+            }
+            owned.start.store(start, Ordering::Relaxed);
+            match last.next.compare_exchange(
+                ptr::null_mut(),
+                block,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(next) => from = next,
+            }
+        }
+    }
+
+    /// Takes the consumer's role until the returned value is dropped.
+    pub(crate) fn consumer(&self) -> Consumer<'_, T> {
+        Consumer {
+            queue: self,
+            head: lock(&self.head),
+        }
+    }
+}
+
+impl<T> Consumer<'_, T> {
+    /// The value at the head, if its producer has written it; `None` when the queue is empty
+    /// or the producer of the head's position is still writing.
+    pub(crate) fn pop(&mut self) -> Option<T> {
+        let head = &mut *self.head;
+        let mut offset = head.position - head.block_start;
+        if offset == CAPACITY {
+            // SAFETY: `head.block` is in the list (the consumer hands back only blocks before it).
+            let next = unsafe { &*head.block }.next.load(Ordering::Acquire);
+            if next.is_null() {
+                return None;
+            }
+            head.block = next;
+            head.block_start = head.position;
+            head.ready = 0;
+            offset = 0;
+        }
+        let bit = 1 << offset;
+        if head.ready & bit == 0 {
+            // SAFETY: as above.
+            head.ready = unsafe { &*head.block }.ready.load(Ordering::Acquire);
+            if head.ready & bit == 0 {
+                return None;
+            }
+        }
+        head.position += 1;
+        // SAFETY: the cell's bit was set (Release) after its producer wrote it, and loaded
+        // (Acquire) above or before; each position is read once, so the value is moved out
+        // exactly once.
+        Some(unsafe {
+            (*head.block).cells[offset as usize].with(|cell| (*cell).assume_init_read())
+        })
+    }
+}
+
+impl<T> Drop for Consumer<'_, T> {
+    /// Hands back the blocks read through that no producer can reach any more.
+    fn drop(&mut self) {
+        let head = &mut *self.head;
+        while head.oldest != head.block {
+            // SAFETY: `oldest` is in the list, before `block`.
+            let oldest = unsafe { &*head.oldest };
+            let released_at = oldest.released_at.load(Ordering::Acquire);
+            if released_at == 0 || released_at > head.position {
+                break;
+            }
+            let block = head.oldest;
+            head.oldest = oldest.next.load(Ordering::Acquire);
+            // The hint is never a released block, and only this thread hands blocks back.
+            let from = self.queue.tail.block.load(Ordering::Acquire);
+            // SAFETY: released and read through up to `released_at`: no other thread can reach
+            // `block` (module documentation); `from` stays in the list while this runs.
+            unsafe { self.queue.hand_back(from, block) };
+        }
+    }
+}
+
+impl<T> Drop for Queue<T> {
+    /// Drops the values not popped, and frees every block.
+    fn drop(&mut self) {
+        let mut consumer = self.consumer();
+        while consumer.pop().is_some() {}
+        drop(consumer);
+        let mut block = lock(&self.head).oldest;
+        while !block.is_null() {
+            // SAFETY: no other thread is left (`&mut self`); every block in the list came from
+            // `Block::allocate`.
+            let owned = unsafe { Box::from_raw(block) };
+            block = owned.next.load(Ordering::Relaxed);
+        }
+    }
+}
+
+/// A queue of numbers for the loom model of this module's protocol. Not part of the API.
+#[cfg(shardwheel_loom)]
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct QueueHook(Queue<u64>);
+
+#[cfg(shardwheel_loom)]
+impl Default for QueueHook {
+    fn default() -> QueueHook {
+        QueueHook(Queue::new())
+    }
+}
+
+#[cfg(shardwheel_loom)]
+impl QueueHook {
+    /// [`Queue::push`].
+    pub fn push(&self, value: u64) {
+        self.0.push(value);
+    }
+    /// Pops, as one consumer, every value ready at the head.
+    pub fn pop_ready(&self) -> Vec<u64> {
+        let mut consumer = self.0.consumer();
+        std::iter::from_fn(|| consumer.pop()).collect()
+    }
+}
