@@ -348,13 +348,11 @@ fn sleep_wakes_the_latest_waker() {
         };
         let mut poll =
             |waker: &std::task::Waker| Pin::new(&mut sleep).poll(&mut Context::from_waker(waker));
-        if poll(&first_waker).is_pending() {
-            if poll(&second_waker).is_pending() {
-                while second.woken.load(Ordering::SeqCst) == 0 {
-                    second.notify.wait();
-                }
-                assert_eq!(poll(&second_waker), Poll::Ready(()));
+        if poll(&first_waker).is_pending() && poll(&second_waker).is_pending() {
+            while second.woken.load(Ordering::SeqCst) == 0 {
+                second.notify.wait();
             }
+            assert_eq!(poll(&second_waker), Poll::Ready(()));
         }
         firer.join().unwrap();
         // Extra (spurious) wake-ups are allowed; a lost one would have deadlocked above.
