@@ -65,7 +65,10 @@
 //! the slot (`src/engine/slot/word.rs`) and the task (`src/task.rs`). Slot pages are allocated
 //! once and never unmapped before the table is dropped, and a slot with live handles is never
 //! reused, so nothing is ever read after it is freed and no epoch-based reclamation is needed
-//! (storage and all of its `unsafe`: `src/engine/slot/pages.rs`).
+//! (storage and all of its `unsafe`: `src/engine/slot/pages.rs`). The inbox's message queue
+//! reuses its blocks without epochs either: a block goes back only once every producer that
+//! could still reach it has written its cell and the shard has read it
+//! (`src/engine/queue.rs`).
 //!
 //! An idle shard gives memory back: its entry table, and once every handle is gone its slot
 //! pages (`madvise`, in place), with a backoff so that an idle engine stays asleep
