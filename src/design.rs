@@ -16,8 +16,9 @@
 //!    (`src/timer.rs`, `src/engine/timer_engine.rs`). Time is passed in: the wheel never reads
 //!    a clock, and a deadline rounds up to the tick (`src/clock.rs`, `src/cycle_clock.rs` for
 //!    the cheap reading behind `schedule(delay)` and `reset(delay)`).
-//! 2. **Schedule** (any thread). The thread's home shard is chosen once and kept: the policy
-//!    and the per-thread numbering it uses live in `src/engine/placement.rs`. The caller takes a
+//! 2. **Schedule** (any thread). The thread's home shard is chosen at its first schedule and
+//!    moved only when the thread stays on another core: the policy and the per-thread
+//!    numbering it uses live in `src/engine/placement.rs`. The caller takes a
 //!    slot from that shard's slot table (lock-free; `src/engine/slot/free_list.rs`), writes the
 //!    deadline beside its state word (bit layout: `src/engine/slot/word.rs`), counts the timer
 //!    against the pending limit and hands the task over (`src/engine/shared.rs`): a `Sleep`'s

@@ -27,7 +27,8 @@ fn nanos(duration: Duration) -> u64 {
 ///   ([`crate::wheel`]) and a worker thread pinned to its core (best effort). Only that thread
 ///   touches the wheel: no locks inside.
 /// * **Submission.** `schedule` takes a slot in the calling thread's home shard (chosen at its
-///   first schedule and kept; see `engine/placement.rs`), marks it pending in the slot's atomic
+///   first schedule, moved only when the thread stays on another core; see
+///   `engine/placement.rs`), marks it pending in the slot's atomic
 ///   state word, and sends the task to the shard through its lock-free inbox.
 ///   The handle names its shard and slot, so `cancel` and `reset` always reach the owner.
 /// * **Exactly once.** Firing, cancelling and resetting are compare-and-swaps on the timer's

@@ -3,9 +3,9 @@
 //!
 //! # The home-shard policy
 //!
-//! A thread's home shard is chosen at its first schedule and kept:
+//! A thread's home shard is chosen at its first schedule:
 //!
-//! 1. A shard's own worker thread uses its own shard ([`set_home`]).
+//! 1. A shard's own worker thread uses its own shard ([`set_home`]), for good.
 //! 2. Otherwise, where the thread's CPU is known (pinned shards on Linux, not under loom), a
 //!    shard pinned to the CPU it runs on then: the messages and the shard's entries stay in that
 //!    core's caches (a submitter and its shard time-share the core). Among that CPU's shards,
@@ -14,9 +14,23 @@
 //! 3. Otherwise (no pinning, other systems, loom) the threads are spread round-robin in the
 //!    order they first schedule: the thread's ordinal, modulo the shard count.
 //!
-//! Kept, not chosen again at each schedule: a thread's timers stay on one shard, so a thread
-//! that moves between CPUs does not shift its timers from one shard's tables to another's
-//! (which grew memory).
+//! Under rule 2 the choice is looked at again, though not at every schedule. The operating
+//! system moves unpinned threads between CPUs, and a thread that stayed with its first choice
+//! would send every message, and touch every entry, across cores: two submitters that swapped
+//! CPUs each feed the other's shard; two that first ran on the same CPU may even share one shard
+//! while the other idles. So:
+//!
+//! * every [`RECHECK_EVERY`]th schedule of the thread reads its CPU;
+//! * once the readings in a row (at least [`AWAY_READINGS`] of them, over at least
+//!   [`AWAY_FOR`]) have found it on a CPU that has shards but not its home, the thread takes
+//!   that CPU's shard the fewest threads have as its new home;
+//! * except when it has its home shard to itself and that CPU's shards are nobody's home: then
+//!   the thread and its shard run side by side on two CPUs, which beats sharing one.
+//!
+//! The trade-off: a thread that moves for good moves its new timers with it, so for a while
+//! both shards hold its timers (their tables grow to what the thread has pending, at most); the
+//! hysteresis keeps a short visit to another CPU from doing that. Timers already scheduled stay
+//! where they are: a handle always names its shard.
 //!
 //! # Thread numbers
 //!
@@ -28,25 +42,58 @@
 use crate::sync::thread_local;
 use std::cell::Cell;
 
+/// Schedules between two readings of the thread's CPU (a power of two).
+pub(crate) const RECHECK_EVERY: u32 = 1024;
+/// How long readings in a row must find the thread on a CPU without its home shard before it
+/// moves home, and how many readings at least.
+pub(crate) const AWAY_FOR: std::time::Duration = std::time::Duration::from_millis(200);
+/// See [`AWAY_FOR`].
+pub(crate) const AWAY_READINGS: u32 = 16;
+
+/// A thread's home: its shard ordinal and what re-homing needs.
+struct Home {
+    /// The home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
+    ordinal: Cell<usize>,
+    /// Set by [`set_home`]: a shard's worker never moves home.
+    fixed: Cell<bool>,
+    /// Schedules since the thread's CPU was last read.
+    calls: Cell<u32>,
+    /// Since when the readings in a row have found the thread away from its home shard's CPU.
+    away_since: Cell<Option<std::time::Instant>>,
+    /// How many readings in a row have found it away.
+    away_readings: Cell<u32>,
+}
+
+impl Home {
+    const fn new() -> Home {
+        Home {
+            ordinal: Cell::new(usize::MAX),
+            fixed: Cell::new(false),
+            calls: Cell::new(0),
+            away_since: Cell::new(None),
+            away_readings: Cell::new(0),
+        }
+    }
+}
+
 #[cfg(not(shardwheel_loom))]
 thread_local! {
-    /// This thread's home shard ordinal (taken modulo the shard count); `usize::MAX` = unset.
-    static HOME: Cell<usize> = const { Cell::new(usize::MAX) };
+    static HOME: Home = const { Home::new() };
 }
 
 // Loom's thread-locals take no `const` initializers.
 #[cfg(shardwheel_loom)]
 thread_local! {
-    static HOME: Cell<usize> = Cell::new(usize::MAX);
+    static HOME: Home = Home::new();
 }
-
 /// Where the shards are, for choosing threads' home shards.
 #[derive(Debug)]
 pub(crate) struct Placement {
     /// For each CPU, the shards whose threads are pinned to it (empty where none is, or
     /// without pinning).
     shards_by_cpu: Box<[Box<[usize]>]>,
-    /// Threads that took each shard as their home by CPU (never decremented: a placement hint).
+    /// Threads that have each shard as their home, by the policy's rule 2 (a placement hint:
+    /// see [`homes`](Self::homes)).
     homed: Box<[crate::sync::statistics::AtomicUsize]>,
 }
 
@@ -77,21 +124,20 @@ impl Placement {
 
     /// This thread's home shard: its ordinal among the shards (see the
     /// [policy](self#the-home-shard-policy)).
+    #[inline]
     pub(crate) fn home(&self) -> usize {
         let shard_count = self.homed.len();
-        let ordinal = home_ordinal(|| {
-            let on_cpu = self.shards_by_cpu.get(current_cpu()?)?;
-            let homed =
-                |shard: &usize| self.homed[*shard].load(std::sync::atomic::Ordering::Relaxed);
-            let local = on_cpu.iter().copied().min_by_key(homed)?;
-            let fewest = (0..shard_count).min_by_key(homed)?;
-            let chosen = if homed(&local) <= homed(&fewest) {
-                local
-            } else {
-                fewest
-            };
-            self.homed[chosen].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            Some(chosen)
+        let ordinal = HOME.with(|home| {
+            let ordinal = home.ordinal.get();
+            if ordinal == usize::MAX {
+                return self.first_home(home);
+            }
+            let calls = home.calls.get().wrapping_add(1);
+            home.calls.set(calls);
+            if calls % RECHECK_EVERY == 0 && !self.shards_by_cpu.is_empty() && !home.fixed.get() {
+                self.recheck(home, ordinal % shard_count);
+            }
+            home.ordinal.get()
         });
         if ordinal < shard_count {
             ordinal
@@ -99,37 +145,108 @@ impl Placement {
             ordinal % shard_count
         }
     }
-}
 
-/// Makes shard `ordinal` this thread's home: a shard's worker thread, at its start.
-pub(crate) fn set_home(ordinal: usize) {
-    HOME.with(|home| home.set(ordinal));
-}
-
-/// The ordinal this thread submits to (modulo the shard count), chosen at its first schedule
-/// and kept: `first()` where it chooses, else the thread's round-robin number.
-fn home_ordinal(first: impl FnOnce() -> Option<usize>) -> usize {
-    static NEXT: crate::sync::statistics::AtomicUsize =
-        crate::sync::statistics::AtomicUsize::new(0);
-    HOME.with(|home| {
-        if home.get() == usize::MAX
-            && let Some(ordinal) = first()
-        {
-            home.set(ordinal);
-        }
-        numbered(home, &NEXT)
-    })
-}
-
-/// The number in `cell`, or, the first time (`usize::MAX`), the next one of `next`.
-fn numbered(cell: &Cell<usize>, next: &crate::sync::statistics::AtomicUsize) -> usize {
-    let value = cell.get();
-    if value != usize::MAX {
-        return value;
+    /// Rule 2 of the policy where it applies, else the thread's round-robin number.
+    #[cold]
+    fn first_home(&self, home: &Home) -> usize {
+        static NEXT: crate::sync::statistics::AtomicUsize =
+            crate::sync::statistics::AtomicUsize::new(0);
+        let chosen = current_cpu().and_then(|cpu| {
+            let local = self.least_homed_on(cpu)?;
+            let homed =
+                |shard: &usize| self.homed[*shard].load(std::sync::atomic::Ordering::Relaxed);
+            let fewest = (0..self.homed.len()).min_by_key(homed)?;
+            let chosen = if homed(&local) <= homed(&fewest) {
+                local
+            } else {
+                fewest
+            };
+            self.took_home(chosen);
+            Some(chosen)
+        });
+        let ordinal =
+            chosen.unwrap_or_else(|| NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        home.ordinal.set(ordinal);
+        ordinal
     }
-    let value = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    cell.set(value);
-    value
+
+    /// One reading of the thread's CPU (every [`RECHECK_EVERY`]th schedule), which may move its
+    /// home there (see the [policy](self#the-home-shard-policy)).
+    #[cold]
+    fn recheck(&self, home: &Home, current: usize) {
+        if let Some(cpu) = current_cpu() {
+            self.seen_on(home, current, cpu, std::time::Instant::now());
+        }
+    }
+
+    /// A reading at `now` found the thread, whose home is shard `current`, on `cpu`.
+    fn seen_on(&self, home: &Home, current: usize, cpu: usize, now: std::time::Instant) {
+        let on_cpu = match self.shards_by_cpu.get(cpu) {
+            Some(shards) if !shards.is_empty() => shards,
+            // A CPU without shards: no better home to move to.
+            _ => return,
+        };
+        if on_cpu.contains(&current) {
+            home.away_since.set(None);
+            home.away_readings.set(0);
+            return;
+        }
+        let readings = home.away_readings.get() + 1;
+        home.away_readings.set(readings);
+        let since = *home.away_since.get().get_or_insert(now);
+        home.away_since.set(Some(since));
+        if readings < AWAY_READINGS || now.saturating_duration_since(since) < AWAY_FOR {
+            return;
+        }
+        home.away_since.set(None);
+        home.away_readings.set(0);
+        let Some(chosen) = self.least_homed_on(cpu) else {
+            return;
+        };
+        // The policy's exception: alone on its shard, beside it on an unused CPU.
+        if self.homes(current) <= 1 && self.homes(chosen) == 0 {
+            return;
+        }
+        self.left_home(current);
+        self.took_home(chosen);
+        home.ordinal.set(chosen);
+    }
+
+    /// Among the shards pinned to `cpu`, the one the fewest threads took as home.
+    fn least_homed_on(&self, cpu: usize) -> Option<usize> {
+        self.shards_by_cpu
+            .get(cpu)?
+            .iter()
+            .copied()
+            .min_by_key(|shard| self.homed[*shard].load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// How many threads have `shard` as their home (a hint: threads that ended, or that chose
+    /// through another engine, are not taken off).
+    fn homes(&self, shard: usize) -> usize {
+        self.homed[shard].load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn took_home(&self, shard: usize) {
+        self.homed[shard].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn left_home(&self, shard: usize) {
+        // Saturating: the thread may have chosen its home through another engine.
+        let _ = self.homed[shard].fetch_update(
+            std::sync::atomic::Ordering::Relaxed,
+            std::sync::atomic::Ordering::Relaxed,
+            |homes| homes.checked_sub(1),
+        );
+    }
+}
+
+/// Makes shard `ordinal` this thread's home for good: a shard's worker thread, at its start.
+pub(crate) fn set_home(ordinal: usize) {
+    HOME.with(|home| {
+        home.ordinal.set(ordinal);
+        home.fixed.set(true);
+    });
 }
 
 /// The CPU this thread runs on now (it may move at any time: only a placement hint).
@@ -143,4 +260,138 @@ fn current_cpu() -> Option<usize> {
 #[cfg(not(all(target_os = "linux", not(shardwheel_loom))))]
 fn current_cpu() -> Option<usize> {
     None
+}
+
+#[cfg(all(test, not(shardwheel_loom)))]
+mod tests {
+    use super::*;
+
+    fn two_cpus() -> Placement {
+        let pins = [
+            core_affinity::CoreId { id: 0 },
+            core_affinity::CoreId { id: 1 },
+        ];
+        Placement::new(2, &pins)
+    }
+
+    /// `count` readings on `cpu` of a thread homed on shard `current`, spread evenly over
+    /// `from..to` after `start`.
+    fn readings(
+        placement: &Placement,
+        home: &Home,
+        (current, cpu): (usize, usize),
+        count: u32,
+        start: std::time::Instant,
+        (from, to): (std::time::Duration, std::time::Duration),
+    ) {
+        for k in 0..count {
+            let at = from + (to - from) * k / (count - 1).max(1);
+            placement.seen_on(home, current, cpu, start + at);
+        }
+    }
+
+    #[test]
+    fn a_thread_moves_home_only_after_readings_away_for_long_enough() {
+        // Two threads that swapped CPUs: this one, homed on shard 0, runs on CPU 1, where the
+        // other thread's home is.
+        let placement = two_cpus();
+        placement.took_home(0);
+        placement.took_home(1);
+        let home = Home::new();
+        home.ordinal.set(0);
+        let start = std::time::Instant::now();
+        let ms = std::time::Duration::from_millis;
+        // Long enough, but too few readings.
+        readings(
+            &placement,
+            &home,
+            (0, 1),
+            AWAY_READINGS - 1,
+            start,
+            (ms(0), AWAY_FOR * 2),
+        );
+        assert_eq!(home.ordinal.get(), 0, "moved after too few readings");
+        // One reading back on the home CPU starts the run again.
+        placement.seen_on(&home, 0, 0, start + AWAY_FOR * 2);
+        let from = AWAY_FOR * 3;
+        // Enough readings, but not long enough.
+        readings(
+            &placement,
+            &home,
+            (0, 1),
+            2 * AWAY_READINGS,
+            start,
+            (from, from + AWAY_FOR - ms(1)),
+        );
+        assert_eq!(
+            home.ordinal.get(),
+            0,
+            "moved before it was away for long enough"
+        );
+        placement.seen_on(&home, 0, 1, start + from + AWAY_FOR);
+        assert_eq!(home.ordinal.get(), 1);
+        assert_eq!(home.away_since.get(), None);
+        assert_eq!((placement.homes(0), placement.homes(1)), (0, 2));
+    }
+
+    #[test]
+    fn a_thread_alone_on_its_shard_stays_beside_it_on_an_unused_cpu() {
+        let placement = two_cpus();
+        placement.took_home(0);
+        let home = Home::new();
+        home.ordinal.set(0);
+        let start = std::time::Instant::now();
+        readings(
+            &placement,
+            &home,
+            (0, 1),
+            4 * AWAY_READINGS,
+            start,
+            (std::time::Duration::ZERO, AWAY_FOR * 4),
+        );
+        assert_eq!(home.ordinal.get(), 0);
+        // Once another thread shares its shard, it moves.
+        placement.took_home(0);
+        readings(
+            &placement,
+            &home,
+            (0, 1),
+            4 * AWAY_READINGS,
+            start,
+            (AWAY_FOR * 5, AWAY_FOR * 9),
+        );
+        assert_eq!(home.ordinal.get(), 1);
+    }
+
+    #[test]
+    fn a_cpu_without_shards_is_no_reason_to_move() {
+        let placement = two_cpus();
+        placement.took_home(0);
+        placement.took_home(1);
+        let home = Home::new();
+        home.ordinal.set(1);
+        let start = std::time::Instant::now();
+        readings(
+            &placement,
+            &home,
+            (1, 7),
+            4 * AWAY_READINGS,
+            start,
+            (std::time::Duration::ZERO, AWAY_FOR * 4),
+        );
+        assert_eq!(home.ordinal.get(), 1);
+    }
+
+    #[test]
+    fn a_worker_keeps_its_shard() {
+        let placement = two_cpus();
+        std::thread::spawn(move || {
+            set_home(1);
+            for _ in 0..4 * RECHECK_EVERY {
+                assert_eq!(placement.home(), 1);
+            }
+        })
+        .join()
+        .unwrap();
+    }
 }
