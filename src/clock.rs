@@ -342,6 +342,20 @@ impl TickClock {
         }
     }
 
+    /// The current time, to put a deadline a delay ahead of it: where
+    /// [`tick_after`](Self::tick_after) reads the cycle clock, that reading (never early, a
+    /// little later than `Instant::now()`, and cheaper); else the clock's
+    /// [`now`](Clock::now).
+    #[inline]
+    pub(crate) fn now_for_deadline(&self) -> Instant {
+        if self.cycle_offset.is_some()
+            && let Some(nanos) = crate::cycle_clock::now_nanos()
+        {
+            return crate::cycle_clock::origin() + Duration::from_nanos(nanos);
+        }
+        self.clock.now()
+    }
+
     /// Nanoseconds since the origin at which tick `tick` starts (saturating).
     pub(crate) fn nanos_of_tick(&self, tick: u64) -> u64 {
         tick.saturating_mul(self.tick_nanos)

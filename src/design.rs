@@ -15,7 +15,7 @@
 //!    panic) and starts the engine: one shard per CPU, their threads and the executor
 //!    (`src/timer.rs`, `src/engine/timer_engine.rs`). Time is passed in: the wheel never reads
 //!    a clock, and a deadline rounds up to the tick (`src/clock.rs`, `src/cycle_clock.rs` for
-//!    the cheap reading behind `schedule(delay)` and `reset(delay)`).
+//!    the cheap reading behind `schedule(delay)`, `reset(delay)` and `sleep(delay)`).
 //! 2. **Schedule** (any thread). The thread's home shard is chosen at its first schedule and
 //!    moved only when the thread stays on another core: the policy and the per-thread
 //!    numbering it uses live in `src/engine/placement.rs`. The caller takes a

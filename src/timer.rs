@@ -204,6 +204,10 @@ impl Timer {
     /// scheduled at its first poll and wakes the task inline on the shard thread; dropping it
     /// cancels the timer. Panics when polled if this timer is shut down or full: see [`Sleep`].
     ///
+    /// Its [`deadline`](Sleep::deadline) is `delay` after the time read here, which on the
+    /// system clock may come from the cheaper cycle counter: never before `Instant::now()`, and
+    /// at most some tens of microseconds after it (see `src/cycle_clock.rs`).
+    ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let timer = shardwheel::Timer::new()?;
@@ -219,7 +223,7 @@ impl Timer {
     /// that never comes. A zero `delay` has passed already: the sleep is elapsed.
     #[inline]
     pub(crate) fn sleep_on(&self, engine: EngineRef, delay: Duration) -> Sleep {
-        let now = self.clock().now();
+        let now = self.inner.engine.clock.now_for_deadline();
         let deadline = now
             .checked_add(delay)
             .unwrap_or_else(|| crate::clock::far_future(now));
