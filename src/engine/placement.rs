@@ -265,24 +265,35 @@ fn current_cpu() -> Option<usize> {
 #[cfg(all(test, not(shardwheel_loom)))]
 mod tests {
     use super::*;
+    use std::time::{Duration, Instant};
 
-    fn two_cpus() -> Placement {
+    /// Two shards pinned to CPUs 0 and 1, with `homes[i]` threads homed on shard `i`.
+    fn two_cpus(homes: [usize; 2]) -> Placement {
         let pins = [
             core_affinity::CoreId { id: 0 },
             core_affinity::CoreId { id: 1 },
         ];
-        Placement::new(2, &pins)
+        let placement = Placement::new(2, &pins);
+        for (shard, &count) in homes.iter().enumerate() {
+            (0..count).for_each(|_| placement.took_home(shard));
+        }
+        placement
+    }
+
+    fn homed_on(shard: usize) -> Home {
+        let home = Home::new();
+        home.ordinal.set(shard);
+        home
     }
 
     /// `count` readings on `cpu` of a thread homed on shard `current`, spread evenly over
-    /// `from..to` after `start`.
+    /// `from..=to` after `start`.
     fn readings(
         placement: &Placement,
         home: &Home,
         (current, cpu): (usize, usize),
         count: u32,
-        start: std::time::Instant,
-        (from, to): (std::time::Duration, std::time::Duration),
+        (start, from, to): (Instant, Duration, Duration),
     ) {
         for k in 0..count {
             let at = from + (to - from) * k / (count - 1).max(1);
@@ -294,34 +305,27 @@ mod tests {
     fn a_thread_moves_home_only_after_readings_away_for_long_enough() {
         // Two threads that swapped CPUs: this one, homed on shard 0, runs on CPU 1, where the
         // other thread's home is.
-        let placement = two_cpus();
-        placement.took_home(0);
-        placement.took_home(1);
-        let home = Home::new();
-        home.ordinal.set(0);
-        let start = std::time::Instant::now();
-        let ms = std::time::Duration::from_millis;
-        // Long enough, but too few readings.
+        let placement = two_cpus([1, 1]);
+        let home = homed_on(0);
+        let start = Instant::now();
+        let few = AWAY_READINGS - 1;
         readings(
             &placement,
             &home,
             (0, 1),
-            AWAY_READINGS - 1,
-            start,
-            (ms(0), AWAY_FOR * 2),
+            few,
+            (start, Duration::ZERO, AWAY_FOR * 2),
         );
         assert_eq!(home.ordinal.get(), 0, "moved after too few readings");
         // One reading back on the home CPU starts the run again.
         placement.seen_on(&home, 0, 0, start + AWAY_FOR * 2);
-        let from = AWAY_FOR * 3;
-        // Enough readings, but not long enough.
+        let (from, short) = (AWAY_FOR * 3, AWAY_FOR - Duration::from_millis(1));
         readings(
             &placement,
             &home,
             (0, 1),
             2 * AWAY_READINGS,
-            start,
-            (from, from + AWAY_FOR - ms(1)),
+            (start, from, from + short),
         );
         assert_eq!(
             home.ordinal.get(),
@@ -336,18 +340,16 @@ mod tests {
 
     #[test]
     fn a_thread_alone_on_its_shard_stays_beside_it_on_an_unused_cpu() {
-        let placement = two_cpus();
-        placement.took_home(0);
-        let home = Home::new();
-        home.ordinal.set(0);
-        let start = std::time::Instant::now();
+        let placement = two_cpus([1, 0]);
+        let home = homed_on(0);
+        let start = Instant::now();
+        let many = 4 * AWAY_READINGS;
         readings(
             &placement,
             &home,
             (0, 1),
-            4 * AWAY_READINGS,
-            start,
-            (std::time::Duration::ZERO, AWAY_FOR * 4),
+            many,
+            (start, Duration::ZERO, AWAY_FOR * 4),
         );
         assert_eq!(home.ordinal.get(), 0);
         // Once another thread shares its shard, it moves.
@@ -356,35 +358,31 @@ mod tests {
             &placement,
             &home,
             (0, 1),
-            4 * AWAY_READINGS,
-            start,
-            (AWAY_FOR * 5, AWAY_FOR * 9),
+            many,
+            (start, AWAY_FOR * 5, AWAY_FOR * 9),
         );
         assert_eq!(home.ordinal.get(), 1);
     }
 
     #[test]
     fn a_cpu_without_shards_is_no_reason_to_move() {
-        let placement = two_cpus();
-        placement.took_home(0);
-        placement.took_home(1);
-        let home = Home::new();
-        home.ordinal.set(1);
-        let start = std::time::Instant::now();
+        let placement = two_cpus([1, 1]);
+        let home = homed_on(1);
+        let start = Instant::now();
+        let many = 4 * AWAY_READINGS;
         readings(
             &placement,
             &home,
             (1, 7),
-            4 * AWAY_READINGS,
-            start,
-            (std::time::Duration::ZERO, AWAY_FOR * 4),
+            many,
+            (start, Duration::ZERO, AWAY_FOR * 4),
         );
         assert_eq!(home.ordinal.get(), 1);
     }
 
     #[test]
     fn a_worker_keeps_its_shard() {
-        let placement = two_cpus();
+        let placement = two_cpus([0, 0]);
         std::thread::spawn(move || {
             set_home(1);
             for _ in 0..4 * RECHECK_EVERY {
