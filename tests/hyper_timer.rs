@@ -87,8 +87,10 @@ fn header_read_timeout_cuts_off_a_slow_client_on_shardwheel() {
     let timer = Timer::builder().shards(1).build().expect("build timer");
     runtime().block_on(async {
         let address = server(HyperTimer::new(timer.clone())).await;
-        let mut stream = TcpStream::connect(address).await.expect("connect");
+        // Before connecting: the server may accept and start its header-read timer before
+        // this task sees its `connect` complete.
         let started = Instant::now();
+        let mut stream = TcpStream::connect(address).await.expect("connect");
         // Half a request line, then nothing: the headers never complete.
         stream
             .write_all(b"GET / HTTP/1.1\r\nhost: lo")
