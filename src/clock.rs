@@ -328,12 +328,10 @@ impl TickClock {
     /// reading would give, and it does not stall the CPU the way `Instant::now()` does.
     #[inline]
     pub(crate) fn tick_after(&self, delay: Duration) -> u64 {
-        if let Some(offset) = self.cycle_offset
-            && let Some(nanos) = crate::cycle_clock::now_nanos()
-        {
+        if let Some(now) = self.cycle_now_nanos() {
             return u64::try_from(delay.as_nanos())
                 .ok()
-                .and_then(|delay| nanos.saturating_sub(offset).checked_add(delay))
+                .and_then(|delay| now.checked_add(delay))
                 .map_or(u64::MAX, |deadline| self.tick_at_nanos(deadline));
         }
         match self.clock.now().checked_add(delay) {
@@ -348,12 +346,18 @@ impl TickClock {
     /// [`now`](Clock::now).
     #[inline]
     pub(crate) fn now_for_deadline(&self) -> Instant {
-        if self.cycle_offset.is_some()
-            && let Some(nanos) = crate::cycle_clock::now_nanos()
-        {
-            return crate::cycle_clock::origin() + Duration::from_nanos(nanos);
+        match self.cycle_now_nanos() {
+            Some(now) => self.origin + Duration::from_nanos(now),
+            None => self.clock.now(),
         }
-        self.clock.now()
+    }
+
+    /// Nanoseconds since the origin by the cycle clock, where it is read: on the system clock,
+    /// when the cycle clock is in use (see [`cycle_clock`](crate::cycle_clock)).
+    #[inline]
+    fn cycle_now_nanos(&self) -> Option<u64> {
+        let offset = self.cycle_offset?;
+        Some(crate::cycle_clock::now_nanos()?.saturating_sub(offset))
     }
 
     /// Nanoseconds since the origin at which tick `tick` starts (saturating).

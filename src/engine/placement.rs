@@ -39,8 +39,10 @@
 //! ([`counter_stripe`](crate::stats::counter_stripe), with the counters in `stats.rs`). They are
 //! separate so that a thread that only resets timers never picks a home shard.
 
+use crate::sync::statistics::AtomicUsize;
 use crate::sync::thread_local;
 use std::cell::Cell;
+use std::sync::atomic::Ordering;
 
 /// Schedules between two readings of the thread's CPU (a power of two).
 pub(crate) const RECHECK_EVERY: u32 = 1024;
@@ -86,6 +88,7 @@ thread_local! {
 thread_local! {
     static HOME: Home = Home::new();
 }
+
 /// Where the shards are, for choosing threads' home shards.
 #[derive(Debug)]
 pub(crate) struct Placement {
@@ -94,7 +97,7 @@ pub(crate) struct Placement {
     shards_by_cpu: Box<[Box<[usize]>]>,
     /// Threads that have each shard as their home, by the policy's rule 2 (a placement hint:
     /// see [`homes`](Self::homes)).
-    homed: Box<[crate::sync::statistics::AtomicUsize]>,
+    homed: Box<[AtomicUsize]>,
 }
 
 impl Placement {
@@ -116,9 +119,7 @@ impl Placement {
                 .into_iter()
                 .map(Vec::into_boxed_slice)
                 .collect(),
-            homed: (0..shard_count)
-                .map(|_| crate::sync::statistics::AtomicUsize::new(0))
-                .collect(),
+            homed: (0..shard_count).map(|_| AtomicUsize::new(0)).collect(),
         }
     }
 
@@ -149,14 +150,11 @@ impl Placement {
     /// Rule 2 of the policy where it applies, else the thread's round-robin number.
     #[cold]
     fn first_home(&self, home: &Home) -> usize {
-        static NEXT: crate::sync::statistics::AtomicUsize =
-            crate::sync::statistics::AtomicUsize::new(0);
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
         let chosen = current_cpu().and_then(|cpu| {
             let local = self.least_homed_on(cpu)?;
-            let homed =
-                |shard: &usize| self.homed[*shard].load(std::sync::atomic::Ordering::Relaxed);
-            let fewest = (0..self.homed.len()).min_by_key(homed)?;
-            let chosen = if homed(&local) <= homed(&fewest) {
+            let fewest = (0..self.homed.len()).min_by_key(|&shard| self.homes(shard))?;
+            let chosen = if self.homes(local) <= self.homes(fewest) {
                 local
             } else {
                 fewest
@@ -164,8 +162,7 @@ impl Placement {
             self.took_home(chosen);
             Some(chosen)
         });
-        let ordinal =
-            chosen.unwrap_or_else(|| NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+        let ordinal = chosen.unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed));
         home.ordinal.set(ordinal);
         ordinal
     }
@@ -193,7 +190,7 @@ impl Placement {
         }
         let readings = home.away_readings.get() + 1;
         home.away_readings.set(readings);
-        let since = *home.away_since.get().get_or_insert(now);
+        let since = home.away_since.get().unwrap_or(now);
         home.away_since.set(Some(since));
         if readings < AWAY_READINGS || now.saturating_duration_since(since) < AWAY_FOR {
             return;
@@ -218,26 +215,24 @@ impl Placement {
             .get(cpu)?
             .iter()
             .copied()
-            .min_by_key(|shard| self.homed[*shard].load(std::sync::atomic::Ordering::Relaxed))
+            .min_by_key(|&shard| self.homes(shard))
     }
 
     /// How many threads have `shard` as their home (a hint: threads that ended, or that chose
     /// through another engine, are not taken off).
     fn homes(&self, shard: usize) -> usize {
-        self.homed[shard].load(std::sync::atomic::Ordering::Relaxed)
+        self.homed[shard].load(Ordering::Relaxed)
     }
 
     fn took_home(&self, shard: usize) {
-        self.homed[shard].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.homed[shard].fetch_add(1, Ordering::Relaxed);
     }
 
     fn left_home(&self, shard: usize) {
         // Saturating: the thread may have chosen its home through another engine.
-        let _ = self.homed[shard].fetch_update(
-            std::sync::atomic::Ordering::Relaxed,
-            std::sync::atomic::Ordering::Relaxed,
-            |homes| homes.checked_sub(1),
-        );
+        let _ = self.homed[shard].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |homes| {
+            homes.checked_sub(1)
+        });
     }
 }
 
