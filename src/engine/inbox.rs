@@ -29,8 +29,11 @@
 //! shard looks at the stages after setting PARKED.
 //!
 //! At shutdown the shard sets CLOSED and drains; a submitter whose add sees CLOSED settles the
-//! race on the timer's own state word (see `ShardShared::submit`). After its last drain the shard
-//! sets DRAINED; from then on late submitters empty the queue themselves.
+//! race on the timer's own state word (see `ShardShared::submit`). A submitter whose add did
+//! not see CLOSED took its queue position before the close: that drain waits for every such
+//! position to be written ([`positions_taken`](Inbox::positions_taken)), so no delivered message
+//! is left behind one still being written. After its last drain the shard sets DRAINED; from
+//! then on late submitters empty the queue themselves.
 
 use super::message::Message;
 use super::queue::{Consumer, Queue};
@@ -205,6 +208,13 @@ impl Inbox {
             self.signal
                 .fetch_sub((count as u64) << MESSAGE_SHIFT, Ordering::AcqRel);
         }
+    }
+
+    /// How many messages have been pushed or are being pushed (see
+    /// [`ShardOwner::close`](super::owner::ShardOwner::close)): read after this thread saw
+    /// CLOSED, it counts every message whose push found the inbox open.
+    pub(crate) fn positions_taken(&self) -> u64 {
+        self.queue.positions_taken()
     }
 
     /// The role of the messages' consumer (the shard, or a late submitter after DRAINED),

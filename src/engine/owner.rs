@@ -131,11 +131,17 @@ impl ShardOwner {
 
     /// Applies up to [`DRAIN_BATCH`] messages; returns how many there were.
     pub(crate) fn drain_inbox(&mut self, handoff: &mut Handoff) -> usize {
+        self.drain_inbox_through(handoff, 0)
+    }
+
+    /// [`drain_inbox`](Self::drain_inbox), waiting for messages at queue positions below
+    /// `delivered` that their submitters are still writing (see [`close`](Self::close)).
+    pub(crate) fn drain_inbox_through(&mut self, handoff: &mut Handoff, delivered: u64) -> usize {
         let shared = self.shared.clone();
         let mut messages = shared.inbox.messages();
         let mut drained = 0;
         while drained < DRAIN_BATCH {
-            let Some(message) = messages.pop() else {
+            let Some(message) = messages.pop_through(delivered) else {
                 break;
             };
             drained += 1;
@@ -516,7 +522,17 @@ impl ShardOwner {
             "closing a shard whose inbox is open"
         );
         let mut handoff = Handoff::default();
-        while self.drain_inbox(&mut handoff) + self.drain_stages(&mut handoff, true) > 0 {}
+        // Every message whose push found the inbox open was delivered and must be applied
+        // here. Such a push took its queue position before the close, which this thread has
+        // seen, so `delivered` counts it; the drain waits for positions below it that are
+        // still being written. (Stopping at such a position, as a running shard's drain may,
+        // would leave the delivered messages behind it to a late submitter, who discards
+        // what it finds after DRAINED: timers lost.)
+        let delivered = self.shared.inbox.positions_taken();
+        while self.drain_inbox_through(&mut handoff, delivered)
+            + self.drain_stages(&mut handoff, true)
+            > 0
+        {}
         self.shared.inbox.mark_drained();
         // Stages whose producer saw DRAINED are that producer's to drain (see `stage`).
         while self.drain_inbox(&mut handoff) + self.drain_stages(&mut handoff, false) > 0 {}

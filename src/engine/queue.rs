@@ -10,6 +10,9 @@
 //! ([`Queue::consumer`]), not once per message. It reads a cell once the cell's bit is set,
 //! loading `ready` again only when the bits it loaded last do not cover the cell. So a pop
 //! writes nothing that a producer reads, and a push allocates nothing while blocks come back.
+//! A pop finds nothing while the producer of the head's position is still writing, even if
+//! later cells are ready; [`Consumer::pop_through`] waits for it instead (shutdown's last
+//! drain must not leave a delivered message behind).
 //!
 //! Blocks of [`CAPACITY`] cells form a list, oldest first. `tail_block` is a hint for
 //! producers: a block at or before the one holding the next position. A producer walks from it
@@ -266,6 +269,12 @@ impl<T> Queue<T> {
         }
     }
 
+    /// How many positions producers have taken so far. A push that took one finishes its
+    /// write without waiting for any other thread.
+    pub(crate) fn positions_taken(&self) -> u64 {
+        self.tail.position.load(Ordering::Acquire)
+    }
+
     /// Takes the consumer's role until the returned value is dropped.
     pub(crate) fn consumer(&self) -> Consumer<'_, T> {
         Consumer {
@@ -308,6 +317,37 @@ impl<T> Consumer<'_, T> {
             (*head.block).cells[offset as usize].with(|cell| (*cell).assume_init_read())
         })
     }
+}
+
+impl<T> Consumer<'_, T> {
+    /// Like [`pop`](Self::pop), but waits for a producer still writing the value at a
+    /// position below `until` rather than return `None`: `None` once every position below
+    /// `until` has been read and nothing after is ready. (The producer is between taking its
+    /// position and setting its bit, which waits for no one.)
+    pub(crate) fn pop_through(&mut self, until: u64) -> Option<T> {
+        let mut spins = 0u32;
+        loop {
+            if let Some(value) = self.pop() {
+                return Some(value);
+            }
+            if self.head.position >= until {
+                return None;
+            }
+            wait_a_little(&mut spins);
+        }
+    }
+}
+
+/// One step of waiting for a producer that is mid-push: a few spins, then yields.
+fn wait_a_little(spins: &mut u32) {
+    #[cfg(not(shardwheel_loom))]
+    if *spins < 64 {
+        *spins += 1;
+        std::hint::spin_loop();
+        return;
+    }
+    let _ = spins;
+    crate::sync::thread::yield_now();
 }
 
 impl<T> Drop for Consumer<'_, T> {
@@ -371,5 +411,12 @@ impl QueueHook {
     pub fn pop_ready(&self) -> Vec<u64> {
         let mut consumer = self.0.consumer();
         std::iter::from_fn(|| consumer.pop()).collect()
+    }
+    /// Pops, as one consumer, through every position taken so far (`Consumer::pop_through`
+    /// of `Queue::positions_taken`).
+    pub fn pop_through_taken(&self) -> Vec<u64> {
+        let until = self.0.positions_taken();
+        let mut consumer = self.0.consumer();
+        std::iter::from_fn(|| consumer.pop_through(until)).collect()
     }
 }

@@ -132,7 +132,10 @@ fn run(
                 // drained it): a sleep registered just before must be woken too. A second
                 // panic here leaves the rest to `shutdown`.
                 let drained = catch_unwind(AssertUnwindSafe(|| {
-                    while parked.drain_inbox(&mut handoff) + parked.drain_stages(&mut handoff, true)
+                    // As in `ShardOwner::close`: `fail` closed the inbox on this thread.
+                    let delivered = shared.inbox.positions_taken();
+                    while parked.drain_inbox_through(&mut handoff, delivered)
+                        + parked.drain_stages(&mut handoff, true)
                         > 0
                     {}
                 }));
