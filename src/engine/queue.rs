@@ -317,9 +317,7 @@ impl<T> Consumer<'_, T> {
             (*head.block).cells[offset as usize].with(|cell| (*cell).assume_init_read())
         })
     }
-}
 
-impl<T> Consumer<'_, T> {
     /// Like [`pop`](Self::pop), but waits for a producer still writing the value at a
     /// position below `until` rather than return `None`: `None` once every position below
     /// `until` has been read and nothing after is ready. (The producer is between taking its
