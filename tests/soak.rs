@@ -570,12 +570,22 @@ impl Submitter {
         } else {
             let delay = Duration::from_micros(self.rng.below(4_000));
             let not_before = self.ledger.now() + delay.as_nanos() as u64;
+            let entry = self.ledger.entry(id);
+            // A run the reset brings forward may start before this thread stores the reset's
+            // gate below (seen: "run 1 started 1125 µs before" the first due time): until
+            // then, runs are gated by the earlier of the two times.
+            let old = entry.gate.load(SeqCst);
+            let slack = (old >> GATE_SHIFT) as u32;
+            entry
+                .gate
+                .store(gate(slack, (old & GATE_MASK).min(not_before)), SeqCst);
             if self.live[index].handle.reset(delay) {
                 self.counts.resets_true += 1;
-                let entry = self.ledger.entry(id);
                 // The run in progress (if any) may still start before `not_before`.
                 let started = entry.started.load(SeqCst);
                 entry.gate.store(gate(started + 1, not_before), SeqCst);
+            } else {
+                entry.gate.store(old, SeqCst);
             }
         }
     }
