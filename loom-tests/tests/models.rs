@@ -974,10 +974,7 @@ fn shutdown_vs_repeating_schedule() {
         let clock = Clock::manual();
         let timer = manual_timer(&clock);
         let returned = Arc::new(AtomicUsize::new(0));
-        let scheduler = {
-            let (timer, returned) = (timer.clone(), returned.clone());
-            thread::spawn(move || schedule_counted(&timer, &returned, 1))
-        };
+        let scheduler = spawn_schedule_counted(&timer, &returned, 1);
         let unfired = timer.shutdown();
         let scheduled = scheduler.join().unwrap();
         let count = unfired.len();
@@ -1003,6 +1000,16 @@ fn schedule_counted(timer: &Timer, returned: &Arc<AtomicUsize>, add: usize) -> b
         .is_ok()
 }
 
+/// [`schedule_counted`] on a new thread.
+fn spawn_schedule_counted(
+    timer: &Timer,
+    returned: &Arc<AtomicUsize>,
+    add: usize,
+) -> thread::JoinHandle<bool> {
+    let (timer, returned) = (timer.clone(), returned.clone());
+    thread::spawn(move || schedule_counted(&timer, &returned, add))
+}
+
 /// Model 20 with two schedule messages: one pushed while the other, which took the queue
 /// position before it, is still being written, then shutdown. The message that found the
 /// inbox open was delivered: shutdown's last drain must wait for the one in front of it and
@@ -1014,10 +1021,7 @@ fn shutdown_vs_two_queued_schedules() {
         let clock = Clock::manual();
         let timer = manual_timer(&clock);
         let returned = Arc::new(AtomicUsize::new(0));
-        let scheduler = {
-            let (timer, returned) = (timer.clone(), returned.clone());
-            thread::spawn(move || schedule_counted(&timer, &returned, 1))
-        };
+        let scheduler = spawn_schedule_counted(&timer, &returned, 1);
         let second = schedule_counted(&timer, &returned, 10);
         let unfired = timer.shutdown();
         let first = scheduler.join().unwrap();
