@@ -12,15 +12,14 @@
 
 use crate::TimerState;
 use crate::engine::Engine;
+use crate::engine::lease::Lease;
 use crate::engine::shared::ShardShared;
 use crate::engine::stage::StagedAt;
 use crate::error::ScheduleError;
 use crate::periodic::MissedTickBehavior;
-use crate::sync::Arc;
 use crate::task::Task;
 use std::fmt;
 use std::future::Future;
-use std::ops::Deref;
 use std::pin::Pin;
 use std::task::{Context, Poll, RawWakerVTable, Waker};
 use std::time::{Duration, Instant};
@@ -31,26 +30,10 @@ fn wake_task(waker: Waker) -> Task {
     Task::new_inline(move || waker.wake())
 }
 
-/// How a [`Sleep`] refers to its engine.
-pub(crate) enum EngineRef {
-    /// The engine of a timer that is never dropped (the process-wide default timer): free to
-    /// copy, no reference count to bump on every sleep.
-    Static(&'static Engine),
-    /// Any other timer's engine.
-    Shared(Arc<Engine>),
-}
-
-impl Deref for EngineRef {
-    type Target = Engine;
-
-    #[inline]
-    fn deref(&self) -> &Engine {
-        match self {
-            EngineRef::Static(engine) => engine,
-            EngineRef::Shared(engine) => engine,
-        }
-    }
-}
+/// How a [`Sleep`] refers to its engine: by a [`Lease`], counted on an owned timer's engine
+/// (which it keeps alive without one count that every thread writes), uncounted on the
+/// process-wide default timer's, which is never dropped.
+pub(crate) type EngineRef = Lease<Engine>;
 
 /// An armed [`Sleep`]'s timer: its shard's ordinal in the engine's `shards` and its slot. Like
 /// a [`TimerHandle`](crate::TimerHandle) it owns one of the handles its slot counts, but it

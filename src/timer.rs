@@ -4,6 +4,7 @@ use crate::TimerHandle;
 use crate::clock::{Clock, Driven};
 use crate::engine::executor::Executor;
 use crate::engine::handoff::UnfiredTimer;
+use crate::engine::lease::{Lease, Owner};
 use crate::engine::{Engine, Settings};
 use crate::error::{BuildError, ScheduleError};
 use crate::futures::{EngineRef, Interval, Sleep, Timeout};
@@ -61,9 +62,10 @@ pub struct Timer {
     inner: Arc<TimerInner>,
 }
 
-/// Shared by a timer's clones; dropping the last one shuts the engine down.
+/// Shared by a timer's clones; dropping the last one shuts the engine down (and leaves its
+/// memory to the sleeps still leasing it: see [`lease`](crate::engine::lease)).
 struct TimerInner {
-    engine: Arc<Engine>,
+    engine: Owner<Engine>,
     /// Keeps the manual clock's weak reference to this engine alive.
     _driver: Option<registry::Arc<dyn Driven>>,
 }
@@ -85,7 +87,7 @@ impl Driven for ManualDriver {
 impl std::fmt::Debug for Timer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Timer")
-            .field("engine", &self.inner.engine)
+            .field("engine", &**self.inner.engine)
             .finish()
     }
 }
@@ -230,15 +232,16 @@ impl Timer {
         Sleep::new(engine, deadline).elapsed_if(delay.is_zero())
     }
 
-    /// How this timer's sleeps refer to its engine: by a counted reference.
+    /// How this timer's sleeps refer to its engine: by a lease, counted on this thread's stripe.
     fn engine_ref(&self) -> EngineRef {
-        EngineRef::Shared(self.inner.engine.clone())
+        let engine = &self.inner.engine;
+        engine.lease(engine.lease_stripe())
     }
 
     /// How the sleeps of a timer that is never dropped (the default timer) refer to its engine:
     /// by a plain reference, which costs no reference count per sleep.
     pub(crate) fn static_engine_ref(&'static self) -> EngineRef {
-        EngineRef::Static(&self.inner.engine)
+        Lease::forever(&self.inner.engine)
     }
 
     /// A future that completes at `deadline`, as `tokio::time::sleep_until` (a deadline that has
@@ -501,7 +504,7 @@ impl Builder {
         });
         Ok(Timer {
             inner: Arc::new(TimerInner {
-                engine,
+                engine: Owner::new(engine),
                 _driver: driver,
             }),
         })

@@ -1171,6 +1171,39 @@ fn queue_blocks_handed_back() {
     });
 }
 
+/// The sleeps of an owned timer keep its engine alive on striped counts (`engine/lease.rs`).
+/// Two threads (homed on the two shards, so counting on different stripes) each take a sleep
+/// and drop it, while the main thread drops the timer: the engine must be dropped exactly
+/// once, after the last of them (loom reports a leaked `Arc`, one dropped twice, or a read of
+/// freed memory).
+#[test]
+fn owned_sleeps_outlive_their_timer() {
+    model(|| {
+        let clock = Clock::manual();
+        let timer = Timer::builder()
+            .shards(2)
+            .levels(1)
+            .executor(Executor::Inline)
+            .clock(clock.clone())
+            .build()
+            .expect("valid configuration");
+        let sleepers: Vec<_> = (0..2)
+            .map(|_| {
+                let timer = timer.clone();
+                thread::spawn(move || {
+                    let sleep = timer.sleep(MILLISECOND);
+                    drop(timer);
+                    drop(sleep);
+                })
+            })
+            .collect();
+        drop(timer);
+        for sleeper in sleepers {
+            sleeper.join().unwrap();
+        }
+    });
+}
+
 /// The queue's side of shutdown (`ShardOwner::close`): a message whose push completed before
 /// the consumer read how many positions were taken is popped by a drain through that count,
 /// even while a producer that took an earlier position is still writing (a plain pop stops

@@ -7,6 +7,7 @@
 //! | [`timer_engine`] | the [`Engine`]: start, submit, drive by hand, shutdown, statistics |
 //! | [`placement`] | which shard a thread schedules on; per-thread numbers |
 //! | [`handle`] | the user's [`TimerHandle`](handle::TimerHandle): cancel, reset, state |
+//! | [`lease`] | keeping an owned timer's engine alive for its sleeps, on striped counts |
 //! | [`shared`] | what other threads see of a shard: slot table, inbox, `send`, pending limit |
 //! | [`slot`] | the slot table: each timer's shared state word |
 //! | [`stage`] | new one-shot timers on their way to the owner: a ring per submitting thread |
@@ -21,6 +22,7 @@ pub(crate) mod executor;
 pub(crate) mod handle;
 pub(crate) mod handoff;
 pub(crate) mod inbox;
+pub(crate) mod lease;
 pub(crate) mod message;
 pub(crate) mod owner;
 pub(crate) mod placement;

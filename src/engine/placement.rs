@@ -12,7 +12,8 @@
 //!    the one the fewest threads took as home so far, unless another shard anywhere has fewer
 //!    (new threads often first run on the CPU that spawned them); see [`Placement::home`].
 //! 3. Otherwise (no pinning, other systems, loom) the threads are spread round-robin in the
-//!    order they first schedule: the thread's ordinal, modulo the shard count.
+//!    order they first schedule on the engine (each engine counts its own): the thread's
+//!    ordinal, modulo the shard count.
 //!
 //! Under rule 2 the choice is looked at again, though not at every schedule. The operating
 //! system moves unpinned threads between CPUs, and a thread that stayed with its first choice
@@ -98,6 +99,10 @@ pub(crate) struct Placement {
     /// Threads that have each shard as their home, by the policy's rule 2 (a placement hint:
     /// see [`homes`](Self::homes)).
     homed: Box<[AtomicUsize]>,
+    /// The next round-robin number (rule 3): per engine, so that the threads of one engine
+    /// spread over its shards whatever other engines they used first (and so that a loom
+    /// model, with a fresh engine per execution, hands out the same numbers every time).
+    next: AtomicUsize,
 }
 
 impl Placement {
@@ -120,6 +125,7 @@ impl Placement {
                 .map(Vec::into_boxed_slice)
                 .collect(),
             homed: (0..shard_count).map(|_| AtomicUsize::new(0)).collect(),
+            next: AtomicUsize::new(0),
         }
     }
 
@@ -147,10 +153,25 @@ impl Placement {
         }
     }
 
+    /// This thread's home shard as [`home`](Self::home) gives it, but without counting a
+    /// schedule (so without the occasional CPU reading).
+    #[inline]
+    pub(crate) fn current(&self) -> usize {
+        let shard_count = self.homed.len();
+        let ordinal = HOME.with(|home| match home.ordinal.get() {
+            usize::MAX => self.first_home(home),
+            ordinal => ordinal,
+        });
+        if ordinal < shard_count {
+            ordinal
+        } else {
+            ordinal % shard_count
+        }
+    }
+
     /// Rule 2 of the policy where it applies, else the thread's round-robin number.
     #[cold]
     fn first_home(&self, home: &Home) -> usize {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
         let chosen = current_cpu().and_then(|cpu| {
             let local = self.least_homed_on(cpu)?;
             let fewest = (0..self.homed.len()).min_by_key(|&shard| self.homes(shard))?;
@@ -162,7 +183,7 @@ impl Placement {
             self.took_home(chosen);
             Some(chosen)
         });
-        let ordinal = chosen.unwrap_or_else(|| NEXT.fetch_add(1, Ordering::Relaxed));
+        let ordinal = chosen.unwrap_or_else(|| self.next.fetch_add(1, Ordering::Relaxed));
         home.ordinal.set(ordinal);
         ordinal
     }

@@ -4,6 +4,7 @@
 use super::executor::{Dispatch, Executor, Pool, drop_uncounted};
 use super::handle::TimerHandle;
 use super::handoff::{self, Handoff, UnfiredTimer};
+use super::lease::{Leasable, Leases};
 use super::owner::{DRAIN_BATCH, OwnerHold, ShardOwner};
 use super::placement::Placement;
 use super::shared::{PendingLimit, ShardShared, Via};
@@ -47,6 +48,14 @@ pub(crate) struct Engine {
     /// Which shard each thread schedules on.
     placement: Placement,
     closed: AtomicBool,
+    /// What keeps this engine alive for the sleeps of its timer, one stripe per shard.
+    leases: Leases,
+}
+
+impl Leasable for Engine {
+    fn leases(&self) -> &Leases {
+        &self.leases
+    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -103,6 +112,7 @@ impl Engine {
             drive,
             placement,
             closed: AtomicBool::new(false),
+            leases: Leases::new(shard_count),
         };
 
         if settings.clock.is_manual() {
@@ -145,6 +155,13 @@ impl Engine {
     /// This thread's home shard (see [`placement`](super::placement)).
     pub(crate) fn home_shard(&self) -> &Arc<ShardShared> {
         &self.shards[self.placement.home()]
+    }
+
+    /// The [`Leases`] stripe of this thread: its home shard's ordinal, without counting a
+    /// schedule (see [`placement`](super::placement)).
+    #[inline]
+    pub(crate) fn lease_stripe(&self) -> usize {
+        self.placement.current()
     }
 
     /// Schedules `task` at `deadline` (a tick) on this thread's home shard.
