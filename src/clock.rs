@@ -191,6 +191,16 @@ impl TickDivisor {
     }
 }
 
+/// A deadline as a [`TickClock`] keeps it: an instant, or, where the cycle clock made it (a
+/// delay from now, [`TickClock::deadline_after`]), nanoseconds since the clock's origin, which
+/// turn into a tick without the instant arithmetic (the same tick: the instant is
+/// [`TickClock::instant_of`] it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Deadline {
+    At(Instant),
+    Nanos(u64),
+}
+
 /// A clock seen in ticks of a fixed length since a fixed origin: how shards and handles turn
 /// instants into wheel deadlines.
 #[derive(Clone, Debug)]
@@ -264,12 +274,48 @@ impl TickClock {
     /// [`tick_if_ahead`](Self::tick_if_ahead)): a deadline that passed since that reading is
     /// `Some`, and its timer fires at its shard's next turn, as tokio's does.
     #[inline]
-    pub(crate) fn tick_unless_passed(&self, deadline: Instant) -> Option<u64> {
+    pub(crate) fn tick_unless_passed(&self, deadline: Deadline) -> Option<u64> {
         if self.clock.is_manual() {
-            return self.tick_if_ahead(deadline);
+            return self.tick_if_ahead(self.instant_of(deadline));
         }
-        let tick = self.tick_at(deadline);
+        let tick = self.tick_of(deadline);
         (tick > self.passed.load(Ordering::Relaxed)).then_some(tick)
+    }
+
+    /// The deadline `delay` from now: on the cycle clock (see [`tick_after`](Self::tick_after))
+    /// in nanoseconds, else (or beyond them) an instant; beyond representable time, one that
+    /// never comes.
+    #[inline]
+    pub(crate) fn deadline_after(&self, delay: Duration) -> Deadline {
+        if let Some(now) = self.cycle_now_nanos()
+            && let Ok(delay) = u64::try_from(delay.as_nanos())
+            && let Some(nanos) = now.checked_add(delay)
+        {
+            return Deadline::Nanos(nanos);
+        }
+        let now = self.now_for_deadline();
+        Deadline::At(now.checked_add(delay).unwrap_or_else(|| far_future(now)))
+    }
+
+    /// The instant of `deadline`.
+    #[inline]
+    pub(crate) fn instant_of(&self, deadline: Deadline) -> Instant {
+        match deadline {
+            Deadline::At(instant) => instant,
+            Deadline::Nanos(nanos) => self
+                .origin
+                .checked_add(Duration::from_nanos(nanos))
+                .unwrap_or_else(|| far_future(self.origin)),
+        }
+    }
+
+    /// The first tick at or after `deadline` ([`tick_at`](Self::tick_at) of its instant).
+    #[inline]
+    pub(crate) fn tick_of(&self, deadline: Deadline) -> u64 {
+        match deadline {
+            Deadline::At(instant) => self.tick_at(instant),
+            Deadline::Nanos(nanos) => self.tick_at_nanos(nanos),
+        }
     }
 
     /// The first tick at or after `instant` (0 for an instant before the origin).
@@ -483,7 +529,30 @@ mod tests {
         }
     }
 
+    /// A deadline kept in nanoseconds means the instant [`TickClock::instant_of`] gives, and
+    /// the same tick, never before `delay` from the call.
+    fn check_deadline_after(tick_nanos: u64, delay: Duration) {
+        let clock = TickClock::new(Clock::system(), Duration::from_nanos(tick_nanos));
+        let before = Instant::now();
+        let deadline = clock.deadline_after(delay);
+        let instant = clock.instant_of(deadline);
+        assert_eq!(clock.tick_of(deadline), clock.tick_at(instant), "{deadline:?}");
+        if let Some(earliest) = before.checked_add(delay) {
+            assert!(instant >= earliest, "{deadline:?}: {instant:?} before {earliest:?}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn deadline_after_is_its_instant_and_never_early(
+            d in prop_oneof![Just(1_000_000u64), 1u64..2_000_000],
+            delay in prop_oneof![0u64..10_000_000_000, any::<u64>()],
+            subsec in 0u32..1_000_000_000,
+        ) {
+            check_deadline_after(d, Duration::from_nanos(delay));
+            check_deadline_after(d, Duration::new(delay, subsec));
+        }
+
         #[test]
         fn tick_divisor_is_exact(d in 1u64.., n in any::<u64>()) {
             check_divisor(d, n);

@@ -8,6 +8,7 @@
 //! by a plain `&'static` reference (`Timer::static_engine_ref`), with no reference count to
 //! bump per sleep.
 
+use crate::clock::Deadline;
 use crate::error::{BuildError, DefaultTimerError};
 use crate::futures::{Interval, Sleep, Timeout};
 use crate::sync::process::{Mutex, OnceLock};
@@ -119,7 +120,7 @@ pub fn sleep(delay: Duration) -> Sleep {
 /// [`sleep`] does.
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    Sleep::new(default().static_engine_ref(), deadline)
+    Sleep::new(default().static_engine_ref(), Deadline::At(deadline))
 }
 
 /// [`Timer::timeout`] on the default timer (`tokio::time::timeout`). Panics as [`sleep`] does.

@@ -11,6 +11,7 @@
 //! and never loses a wake-up; see the `sleep_*` models in `loom-tests/`.
 
 use crate::TimerState;
+use crate::clock::Deadline;
 use crate::engine::Engine;
 use crate::engine::lease::Lease;
 use crate::engine::shared::ShardShared;
@@ -157,7 +158,7 @@ impl WakerIdentity {
 #[must_use = "a Sleep does nothing unless awaited"]
 pub struct Sleep {
     engine: EngineRef,
-    deadline: Instant,
+    deadline: Deadline,
     /// Whether a timer is scheduled: `timer` and `waker` mean something only then.
     armed: bool,
     /// The armed sleep's timer.
@@ -170,7 +171,7 @@ pub struct Sleep {
 impl fmt::Debug for Sleep {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Sleep")
-            .field("deadline", &self.deadline)
+            .field("deadline", &self.deadline())
             .field("armed", &self.armed)
             .field("elapsed", &self.elapsed)
             .finish()
@@ -179,7 +180,8 @@ impl fmt::Debug for Sleep {
 
 impl Sleep {
     /// A sleep until `deadline` on `engine`, not scheduled yet.
-    pub(crate) fn new(engine: EngineRef, deadline: Instant) -> Sleep {
+    #[inline]
+    pub(crate) fn new(engine: EngineRef, deadline: Deadline) -> Sleep {
         Sleep {
             engine,
             deadline,
@@ -207,7 +209,7 @@ impl Sleep {
     /// A sleep until `deadline` whose timer is scheduled now (unless the deadline has passed),
     /// with no waker yet: its first pending poll replaces the timer with one for its waker.
     pub(crate) fn armed(engine: EngineRef, deadline: Instant) -> Result<Sleep, ScheduleError> {
-        let mut sleep = Sleep::new(engine, deadline);
+        let mut sleep = Sleep::new(engine, Deadline::At(deadline));
         let Some(tick) = sleep.engine.clock.tick_if_ahead(deadline) else {
             sleep.elapsed = true;
             return Ok(sleep);
@@ -220,7 +222,7 @@ impl Sleep {
 
     /// The instant this sleep completes at.
     pub fn deadline(&self) -> Instant {
-        self.deadline
+        self.engine.clock.instant_of(self.deadline)
     }
 
     /// Whether the deadline has passed: a poll saw it, or the timer has fired.
@@ -234,7 +236,7 @@ impl Sleep {
     /// schedules one.
     pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
         let this = self.get_mut();
-        this.deadline = deadline;
+        this.deadline = Deadline::At(deadline);
         this.elapsed = false;
         if this.armed && !this.timer.reset_at(&this.engine, deadline) {
             // It fired (or shutdown cancelled it): the next poll schedules anew.
@@ -267,7 +269,7 @@ impl Sleep {
                 // next advance. Look at the time again (`now_ordered`: either it shows that
                 // advance, or that advance's drive saw the timer). The `sleep_first_poll_*` loom
                 // model deadlocks without this. The system clock's shard turns by itself.
-                if clock.is_manual() && clock.now_ordered() >= self.deadline {
+                if clock.is_manual() && clock.now_ordered() >= self.deadline() {
                     timer.cancel_and_release(engine);
                     self.elapsed = true;
                     return Poll::Ready(Ok(()));
@@ -309,7 +311,7 @@ impl Sleep {
         // poll reads no clock. But a manual clock's shard turns only in `advance`, which may
         // have passed the deadline before the timer reached the shard: there time decides.
         if state == TimerState::Pending
-            && (!clock.is_manual() || clock.now_ordered() < this.deadline)
+            && (!clock.is_manual() || clock.now_ordered() < this.deadline())
         {
             // The timer is pending, so its task's waker is alive: see `WakerIdentity`.
             if this.waker == WakerIdentity::of(cx.waker()) {
@@ -320,7 +322,7 @@ impl Sleep {
             if timer.cancel(engine) {
                 timer.release(engine);
                 this.armed = false;
-                let tick = engine.clock.tick_at(this.deadline);
+                let tick = engine.clock.tick_of(this.deadline);
                 return this.arm(tick, cx.waker());
             }
             state = timer.state(engine);
@@ -407,6 +409,7 @@ pub struct Timeout<F> {
 }
 
 impl<F> Timeout<F> {
+    #[inline]
     pub(crate) fn new(future: F, sleep: Sleep) -> Timeout<F> {
         Timeout { future, sleep }
     }
@@ -475,7 +478,7 @@ impl Interval {
             "shardwheel: an interval's `period` must be non-zero"
         );
         // The first tick is due at once if its deadline has passed.
-        let passed = sleep.deadline <= sleep.engine.clock.clock().now();
+        let passed = sleep.deadline() <= sleep.engine.clock.clock().now();
         Interval {
             sleep: sleep.elapsed_if(passed),
             period,

@@ -1,7 +1,7 @@
 //! The public face: [`Timer`] and its [`Builder`].
 
 use crate::TimerHandle;
-use crate::clock::{Clock, Driven};
+use crate::clock::{Clock, Deadline, Driven};
 use crate::engine::executor::Executor;
 use crate::engine::handoff::UnfiredTimer;
 use crate::engine::lease::{Lease, Owner};
@@ -225,10 +225,7 @@ impl Timer {
     /// that never comes. A zero `delay` has passed already: the sleep is elapsed.
     #[inline]
     pub(crate) fn sleep_on(&self, engine: EngineRef, delay: Duration) -> Sleep {
-        let now = self.inner.engine.clock.now_for_deadline();
-        let deadline = now
-            .checked_add(delay)
-            .unwrap_or_else(|| crate::clock::far_future(now));
+        let deadline = self.inner.engine.clock.deadline_after(delay);
         Sleep::new(engine, deadline).elapsed_if(delay.is_zero())
     }
 
@@ -247,7 +244,7 @@ impl Timer {
     /// A future that completes at `deadline`, as `tokio::time::sleep_until` (a deadline that has
     /// passed: see [`Sleep`] on its first poll). Otherwise as [`sleep`](Self::sleep).
     pub fn sleep_until(&self, deadline: Instant) -> Sleep {
-        Sleep::new(self.engine_ref(), deadline)
+        Sleep::new(self.engine_ref(), Deadline::At(deadline))
     }
 
     /// Like [`sleep_until`](Self::sleep_until), but schedules the timer now (unless `deadline`
