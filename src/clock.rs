@@ -536,9 +536,16 @@ mod tests {
         let before = Instant::now();
         let deadline = clock.deadline_after(delay);
         let instant = clock.instant_of(deadline);
-        assert_eq!(clock.tick_of(deadline), clock.tick_at(instant), "{deadline:?}");
+        assert_eq!(
+            clock.tick_of(deadline),
+            clock.tick_at(instant),
+            "{deadline:?}"
+        );
         if let Some(earliest) = before.checked_add(delay) {
-            assert!(instant >= earliest, "{deadline:?}: {instant:?} before {earliest:?}");
+            assert!(
+                instant >= earliest,
+                "{deadline:?}: {instant:?} before {earliest:?}"
+            );
         }
     }
 
