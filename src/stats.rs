@@ -5,39 +5,84 @@
 //! [`StripedCounter`] (striped by thread, [`counter_stripe`]); each shard counts fires, resets
 //! and lateness in plain fields and flushes them once per turn with `Relaxed` stores.
 
+use crate::sync::process::Mutex;
 use crate::sync::statistics::{AtomicBool, AtomicU64, AtomicUsize};
 use crate::sync::thread_local;
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+/// A thread's stripe ordinal ([`counter_stripe`]), given back for the next thread to take
+/// when the thread exits.
+struct Stripe(Cell<usize>);
+
+impl Stripe {
+    const UNSET: usize = usize::MAX;
+}
+
+impl Drop for Stripe {
+    fn drop(&mut self) {
+        let ordinal = self.0.get();
+        if ordinal < SHARED_STRIPE {
+            // This thread counts on its stripe no more (a later count finds the thread-local
+            // gone and takes the shared stripe): the next thread to take it, through this
+            // lock, sees every count made on it.
+            free_stripes().push(ordinal);
+        }
+    }
+}
+
 #[cfg(not(shardwheel_loom))]
 thread_local! {
-    /// This thread's stripe of striped counters; `usize::MAX` = unset.
-    static STRIPE: Cell<usize> = const { Cell::new(usize::MAX) };
+    static STRIPE: Stripe = const { Stripe(Cell::new(Stripe::UNSET)) };
 }
 
 // Loom's thread-locals take no `const` initializers.
 #[cfg(shardwheel_loom)]
 thread_local! {
-    static STRIPE: Cell<usize> = Cell::new(usize::MAX);
+    static STRIPE: Stripe = Stripe(Cell::new(Stripe::UNSET));
 }
 
-/// This thread's stripe ordinal: a number that differs between threads (the next one at the
-/// thread's first call), for [`StripedCounter`]s. Not the home-shard ordinal (see
+/// The ordinals of stripes whose threads exited.
+fn free_stripes() -> std::sync::MutexGuard<'static, Vec<usize>> {
+    static FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
+    FREE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// This thread's stripe ordinal, for [`StripedCounter`]s: taken at the thread's first call,
+/// one that no other living thread holds (an exited thread's, or a new one), or, when all
+/// `STRIPES - 1` own stripes are held, [`SHARED_STRIPE`]. Not the home-shard ordinal (see
 /// `engine/placement.rs`): taking one would pick a home shard for a thread that only resets
 /// timers.
+#[inline]
 pub(crate) fn counter_stripe() -> usize {
+    STRIPE
+        .try_with(|stripe| {
+            let ordinal = stripe.0.get();
+            if ordinal != Stripe::UNSET {
+                return ordinal;
+            }
+            let ordinal = take_stripe();
+            stripe.0.set(ordinal);
+            ordinal
+        })
+        // This thread's thread-locals are being destroyed.
+        .unwrap_or(SHARED_STRIPE)
+}
+
+/// A stripe ordinal for a thread that has none.
+#[cold]
+fn take_stripe() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
-    STRIPE.with(|stripe| {
-        let ordinal = stripe.get();
-        if ordinal != usize::MAX {
-            return ordinal;
-        }
-        let ordinal = NEXT.fetch_add(1, Ordering::Relaxed);
-        stripe.set(ordinal);
-        ordinal
+    if let Some(ordinal) = free_stripes().pop() {
+        return ordinal;
+    }
+    // Past the own stripes, the count stops growing.
+    NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+        (next < SHARED_STRIPE).then_some(next + 1)
     })
+    .unwrap_or(SHARED_STRIPE)
 }
 
 /// Counters of one shard.
@@ -159,16 +204,18 @@ impl LocalLateness {
 }
 
 /// Stripes of a [`StripedCounter`].
-const STRIPES: usize = 4;
+const STRIPES: usize = 8;
+/// The stripe that threads beyond the first `STRIPES - 1` share (counting atomically).
+const SHARED_STRIPE: usize = STRIPES - 1;
 
 /// A counter that many threads bump (schedules, cancels, in-place resets of one shard's
 /// timers), striped by thread so that they do not all bump one cache line, and summed when
 /// read.
 ///
-/// The first `STRIPES - 1` threads (by [`counter_stripe`]) each own a stripe and count with a
-/// plain load and store (no locked instruction, which would keep the caller's cache misses from
-/// overlapping the next operation's); all later threads share the last stripe and count
-/// atomically. Counts wrap, so a thread may take back what it counted (a schedule undone).
+/// Up to `STRIPES - 1` living threads (by [`counter_stripe`]) each own a stripe and count with
+/// a plain load and store (no locked instruction, which would keep the caller's cache misses
+/// from overlapping the next operation's); any more share the last stripe and count
+/// atomically. A thread's stripe goes to a later thread once it exits. Counts wrap, so a thread may take back what it counted (a schedule undone).
 #[derive(Default)]
 pub(crate) struct StripedCounter {
     stripes: [crossbeam_utils::CachePadded<AtomicU64>; STRIPES],
@@ -178,14 +225,14 @@ impl StripedCounter {
     /// Adds `count` for the thread whose stripe ordinal is `ordinal`.
     #[inline]
     pub(crate) fn add_at(&self, ordinal: usize, count: u64) {
-        if ordinal < STRIPES - 1 {
+        if ordinal < SHARED_STRIPE {
             let stripe = &self.stripes[ordinal];
             stripe.store(
                 stripe.load(Ordering::Relaxed).wrapping_add(count),
                 Ordering::Relaxed,
             );
         } else {
-            self.stripes[STRIPES - 1].fetch_add(count, Ordering::Relaxed);
+            self.stripes[SHARED_STRIPE].fetch_add(count, Ordering::Relaxed);
         }
     }
 
@@ -367,6 +414,40 @@ mod tests {
             }
         });
         assert_eq!(counter.sum(), (2 * STRIPES * 199_999) as u64);
+    }
+
+    #[test]
+    fn stripes_of_exited_threads_are_taken_again_and_lose_no_count() {
+        static COUNTER: std::sync::LazyLock<StripedCounter> =
+            std::sync::LazyLock::new(StripedCounter::default);
+        /// Counts once more as its thread's thread-locals are destroyed, before or after the
+        /// thread's stripe is given back.
+        struct CountsOnExit;
+        impl Drop for CountsOnExit {
+            fn drop(&mut self) {
+                COUNTER.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        std::thread_local! {
+            static COUNTS_ON_EXIT: CountsOnExit = const { CountsOnExit };
+        }
+        let threads = 4 * STRIPES;
+        let mut ordinals = Vec::new();
+        // One after another: each may take the stripe the one before gave back.
+        for _ in 0..threads {
+            let ordinal = std::thread::spawn(|| {
+                COUNTS_ON_EXIT.with(|_| ());
+                for _ in 0..1000 {
+                    COUNTER.fetch_add(1, Ordering::Relaxed);
+                }
+                counter_stripe()
+            })
+            .join()
+            .unwrap();
+            ordinals.push(ordinal);
+        }
+        assert_eq!(COUNTER.sum(), (threads * 1001) as u64);
+        assert!(ordinals.iter().all(|&ordinal| ordinal <= SHARED_STRIPE));
     }
 
     #[test]
