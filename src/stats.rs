@@ -12,21 +12,23 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-/// A thread's stripe ordinal ([`counter_stripe`]), given back for the next thread to take
-/// when the thread exits.
-struct Stripe(Cell<usize>);
+/// Marks an unset stripe ordinal.
+const UNSET: usize = usize::MAX;
 
-impl Stripe {
-    const UNSET: usize = usize::MAX;
-}
+/// Gives its thread's stripe ordinal ([`counter_stripe`]) back when the thread exits, for the
+/// next thread to take. Separate from [`STRIPE`], which has no destructor so that counting
+/// reads it with a plain thread-local access, to the thread's very end.
+struct StripeHold;
 
-impl Drop for Stripe {
+impl Drop for StripeHold {
     fn drop(&mut self) {
-        let ordinal = self.0.get();
+        // Any later count of this thread (from another thread-local's destructor) takes the
+        // shared stripe; the next thread to take this one, through the lock, sees every count
+        // made on it.
+        let ordinal = STRIPE
+            .try_with(|stripe| stripe.replace(SHARED_STRIPE))
+            .unwrap_or(UNSET);
         if ordinal < SHARED_STRIPE {
-            // This thread counts on its stripe no more (a later count finds the thread-local
-            // gone and takes the shared stripe): the next thread to take it, through this
-            // lock, sees every count made on it.
             free_stripes().push(ordinal);
         }
     }
@@ -34,13 +36,16 @@ impl Drop for Stripe {
 
 #[cfg(not(shardwheel_loom))]
 thread_local! {
-    static STRIPE: Stripe = const { Stripe(Cell::new(Stripe::UNSET)) };
+    /// This thread's stripe of striped counters; [`UNSET`] until its first count.
+    static STRIPE: Cell<usize> = const { Cell::new(UNSET) };
+    static STRIPE_HOLD: StripeHold = const { StripeHold };
 }
 
 // Loom's thread-locals take no `const` initializers.
 #[cfg(shardwheel_loom)]
 thread_local! {
-    static STRIPE: Stripe = Stripe(Cell::new(Stripe::UNSET));
+    static STRIPE: Cell<usize> = Cell::new(UNSET);
+    static STRIPE_HOLD: StripeHold = StripeHold;
 }
 
 /// The ordinals of stripes whose threads exited.
@@ -50,39 +55,39 @@ fn free_stripes() -> std::sync::MutexGuard<'static, Vec<usize>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// This thread's stripe ordinal, for [`StripedCounter`]s: taken at the thread's first call,
+/// This thread's stripe ordinal, for [`StripedCounter`]s: taken at the thread's first count,
 /// one that no other living thread holds (an exited thread's, or a new one), or, when all
 /// `STRIPES - 1` own stripes are held, [`SHARED_STRIPE`]. Not the home-shard ordinal (see
 /// `engine/placement.rs`): taking one would pick a home shard for a thread that only resets
 /// timers.
 #[inline]
 pub(crate) fn counter_stripe() -> usize {
-    STRIPE
-        .try_with(|stripe| {
-            let ordinal = stripe.0.get();
-            if ordinal != Stripe::UNSET {
-                return ordinal;
-            }
-            let ordinal = take_stripe();
-            stripe.0.set(ordinal);
-            ordinal
-        })
-        // This thread's thread-locals are being destroyed.
-        .unwrap_or(SHARED_STRIPE)
-}
-
-/// A stripe ordinal for a thread that has none.
-#[cold]
-fn take_stripe() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    if let Some(ordinal) = free_stripes().pop() {
+    let ordinal = STRIPE.with(Cell::get);
+    if ordinal != UNSET {
         return ordinal;
     }
-    // Past the own stripes, the count stops growing.
-    NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
-        (next < SHARED_STRIPE).then_some(next + 1)
-    })
-    .unwrap_or(SHARED_STRIPE)
+    first_stripe()
+}
+
+/// Takes a stripe ordinal for a thread's first count.
+#[cold]
+fn first_stripe() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    // Registers the hold's destructor; a thread whose thread-locals are being destroyed
+    // shares.
+    let ordinal = if STRIPE_HOLD.try_with(|_| ()).is_err() {
+        SHARED_STRIPE
+    } else if let Some(ordinal) = free_stripes().pop() {
+        ordinal
+    } else {
+        // Past the own stripes, the count stops growing.
+        NEXT.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |next| {
+            (next < SHARED_STRIPE).then_some(next + 1)
+        })
+        .unwrap_or(SHARED_STRIPE)
+    };
+    STRIPE.with(|stripe| stripe.set(ordinal));
+    ordinal
 }
 
 /// Counters of one shard.
