@@ -220,7 +220,8 @@ const SHARED_STRIPE: usize = STRIPES - 1;
 /// Up to `STRIPES - 1` living threads (by [`counter_stripe`]) each own a stripe and count with
 /// a plain load and store (no locked instruction, which would keep the caller's cache misses
 /// from overlapping the next operation's); any more share the last stripe and count
-/// atomically. A thread's stripe goes to a later thread once it exits. Counts wrap, so a thread may take back what it counted (a schedule undone).
+/// atomically. A thread's stripe goes to a later thread once it exits. Counts wrap, so a
+/// thread may take back what it counted (a schedule undone).
 #[derive(Default)]
 pub(crate) struct StripedCounter {
     stripes: [crossbeam_utils::CachePadded<AtomicU64>; STRIPES],
