@@ -287,13 +287,14 @@ impl TickClock {
     /// never comes.
     #[inline]
     pub(crate) fn deadline_after(&self, delay: Duration) -> Deadline {
-        if let Some(now) = self.cycle_now_nanos()
-            && let Ok(delay) = u64::try_from(delay.as_nanos())
-            && let Some(nanos) = now.checked_add(delay)
-        {
+        let cycle_now = self.cycle_now_nanos();
+        if let Some(nanos) = cycle_now.and_then(|now| nanos_after(now, delay)) {
             return Deadline::Nanos(nanos);
         }
-        let now = self.now_for_deadline();
+        let now = match cycle_now {
+            Some(now) => self.instant_of(Deadline::Nanos(now)),
+            None => self.clock.now(),
+        };
         Deadline::At(now.checked_add(delay).unwrap_or_else(|| far_future(now)))
     }
 
@@ -375,26 +376,12 @@ impl TickClock {
     #[inline]
     pub(crate) fn tick_after(&self, delay: Duration) -> u64 {
         if let Some(now) = self.cycle_now_nanos() {
-            return u64::try_from(delay.as_nanos())
-                .ok()
-                .and_then(|delay| now.checked_add(delay))
+            return nanos_after(now, delay)
                 .map_or(u64::MAX, |deadline| self.tick_at_nanos(deadline));
         }
         match self.clock.now().checked_add(delay) {
             Some(deadline) => self.tick_at(deadline),
             None => u64::MAX,
-        }
-    }
-
-    /// The current time, to put a deadline a delay ahead of it: where
-    /// [`tick_after`](Self::tick_after) reads the cycle clock, that reading (never early, a
-    /// little later than `Instant::now()`, and cheaper); else the clock's
-    /// [`now`](Clock::now).
-    #[inline]
-    pub(crate) fn now_for_deadline(&self) -> Instant {
-        match self.cycle_now_nanos() {
-            Some(now) => self.origin + Duration::from_nanos(now),
-            None => self.clock.now(),
         }
     }
 
@@ -436,6 +423,12 @@ impl TickClock {
     pub(crate) fn ticks_in(&self, duration: Duration) -> u64 {
         u64::try_from(duration.as_nanos().div_ceil(self.tick_nanos as u128)).unwrap_or(u64::MAX)
     }
+}
+
+/// `delay` after `now`, both in nanoseconds since an origin; `None` beyond a u64 of them.
+#[inline]
+fn nanos_after(now: u64, delay: Duration) -> Option<u64> {
+    now.checked_add(u64::try_from(delay.as_nanos()).ok()?)
 }
 
 /// An instant so far ahead that no timer on it fires within any run (about 30 years).
