@@ -1,8 +1,9 @@
 //! Storm probe: one thread schedules 1,000,000 timers due uniformly over [0.5 s, 1.5 s]; each
 //! task records when it ran. Prints the lateness percentiles and the engine's own lateness.
 //!
-//! `cargo run --release --example storm` (pinned shards, the default) or
-//! `cargo run --release --example storm -- --unpinned`.
+//! `cargo run --release --example storm` (pinned shards with short time slices, the defaults),
+//! `cargo run --release --example storm -- --unpinned`, or `-- --long-slices` (the threads keep
+//! the scheduler's default slice: `Builder::short_time_slices(false)`).
 use shardwheel::Timer;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -10,7 +11,11 @@ use std::time::{Duration, Instant};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let unpinned = std::env::args().any(|arg| arg == "--unpinned");
     let count = 1_000_000usize;
-    let timer = Timer::builder().pin_threads(!unpinned).build()?;
+    let long_slices = std::env::args().any(|arg| arg == "--long-slices");
+    let timer = Timer::builder()
+        .pin_threads(!unpinned)
+        .short_time_slices(!long_slices)
+        .build()?;
     let fired: &'static [AtomicU64] = Box::leak((0..count).map(|_| AtomicU64::new(0)).collect());
     // Fault the records in now, not while the storm fires.
     for record in fired {
@@ -43,9 +48,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     late.sort_unstable();
     let at = |quantile: f64| late[((count - 1) as f64 * quantile) as usize] as f64 / 1000.0;
     println!(
-        "{}: early {}, late p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us; \
+        "{}{}: early {}, late p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us; \
          engine (tick to expiry) max {:?}",
         if unpinned { "unpinned" } else { "pinned" },
+        if long_slices { ", long slices" } else { "" },
         late.iter().filter(|&&lateness| lateness < 0).count(),
         at(0.5),
         at(0.99),

@@ -109,6 +109,9 @@ pub struct ShardStats {
     pub pending: u64,
     /// Whether the shard's thread is pinned to its core.
     pub pinned: bool,
+    /// Whether the shard's thread runs with short time slices (see
+    /// [`Builder::short_time_slices`](crate::Builder::short_time_slices); best effort).
+    pub short_time_slice: bool,
     /// Whether the shard's thread died (an engine bug; user code cannot cause it): it runs
     /// nothing more, schedules routed to it fail with
     /// [`ScheduleError::ShardFailed`](crate::ScheduleError::ShardFailed), and `shutdown`
@@ -141,6 +144,9 @@ pub struct Stats {
     pub pending: u64,
     /// How many shard threads are pinned to a core (pinning is best effort).
     pub pinned: usize,
+    /// How many shard threads run with short time slices (see
+    /// [`ShardStats::short_time_slice`]).
+    pub short_time_slices: usize,
     /// How many shard threads died (see [`ShardStats::failed`]); 0 unless the engine has a
     /// bug. Still counted after `shutdown`, which is how a caller of `shutdown` learns of it.
     pub failed_shards: usize,
@@ -279,6 +285,7 @@ pub(crate) struct ShardCounters {
     /// Resets done in place by handles.
     lazy_resets: StripedCounter,
     pub(crate) pinned: AtomicBool,
+    pub(crate) short_time_slice: AtomicBool,
     /// Set by the shard's worker thread when it dies, before it closes the inbox (see
     /// `ShardShared::fail`).
     pub(crate) failed: AtomicBool,
@@ -302,6 +309,7 @@ impl ShardCounters {
             reset: AtomicU64::new(0),
             lazy_resets: Default::default(),
             pinned: AtomicBool::new(false),
+            short_time_slice: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             lateness: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
             lateness_max_micros: AtomicU64::new(0),
@@ -347,6 +355,7 @@ impl ShardCounters {
             panicked: self.panicked.load(Ordering::Relaxed),
             pending: scheduled.saturating_sub(fired + cancelled),
             pinned: self.pinned.load(Ordering::Relaxed),
+            short_time_slice: self.short_time_slice.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
             lateness_p50: percentile(&counts, 0.50, max),
             lateness_p99: percentile(&counts, 0.99, max),
@@ -386,6 +395,7 @@ pub(crate) fn total(shards: Vec<(ShardStats, Vec<u64>)>) -> Stats {
         stats.panicked += shard.panicked;
         stats.pending += shard.pending;
         stats.pinned += usize::from(shard.pinned);
+        stats.short_time_slices += usize::from(shard.short_time_slice);
         stats.failed_shards += usize::from(shard.failed);
         max = max.max(shard.lateness_max);
         for (sum, count) in counts.iter_mut().zip(shard_counts) {

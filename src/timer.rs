@@ -412,6 +412,7 @@ pub struct Builder {
     shards: Option<usize>,
     tick: Duration,
     pin_threads: bool,
+    short_time_slices: bool,
     max_pending: Option<usize>,
     levels: usize,
     executor: Executor,
@@ -424,6 +425,7 @@ impl Default for Builder {
             shards: None,
             tick: Duration::from_millis(1),
             pin_threads: true,
+            short_time_slices: true,
             max_pending: None,
             levels: DEFAULT_LEVELS,
             executor: Executor::default(),
@@ -452,6 +454,18 @@ impl Builder {
     /// pinning fails, the thread runs unpinned and [`Stats::pinned`] says so.
     pub fn pin_threads(mut self, pin: bool) -> Builder {
         self.pin_threads = pin;
+        self
+    }
+
+    /// Whether the engine's threads (its shard threads and its own expiry pool, not a pool
+    /// given as [`Executor::ThreadPool`]) ask the operating system for short time slices
+    /// (default true): on Linux 6.12 and later, a woken shard thread then preempts a thread
+    /// that has been running, instead of waiting for the end of its turn, so a busy CPU
+    /// delays expiry less. Best effort, like pinning: where the system does not grant it,
+    /// nothing changes and [`Stats::short_time_slices`] says so. The trade-off is in
+    /// `src/engine/time_slice.rs`.
+    pub fn short_time_slices(mut self, short: bool) -> Builder {
+        self.short_time_slices = short;
         self
     }
 
@@ -487,6 +501,7 @@ impl Builder {
             shards: self.shards,
             tick: self.tick,
             pin_threads: self.pin_threads,
+            short_time_slices: self.short_time_slices,
             max_pending: self.max_pending,
             levels: self.levels,
             executor: self.executor,

@@ -36,6 +36,7 @@
 //! panics in its destructor while the task's own panic unwinds aborts the process (Rust's
 //! rule, not the engine's).
 
+use super::time_slice;
 use crate::error::ScheduleError;
 use crate::stats::ShardCounters;
 use crate::sync::OnceLock;
@@ -79,6 +80,9 @@ pub(crate) struct Pool {
     pool: OnceLock<registry::Arc<rayon::ThreadPool>>,
     /// Threads of the engine's own pool.
     threads: usize,
+    /// Whether the engine's own pool's threads ask for short time slices
+    /// ([`time_slice`](super::time_slice)).
+    short_time_slices: bool,
 }
 
 impl Pool {
@@ -87,14 +91,16 @@ impl Pool {
         Pool {
             pool: OnceLock::from(pool),
             threads: 0,
+            short_time_slices: false,
         }
     }
 
     /// The engine's own pool of `threads` threads, not started yet.
-    pub(crate) fn deferred(threads: usize) -> Pool {
+    pub(crate) fn deferred(threads: usize, short_time_slices: bool) -> Pool {
         Pool {
             pool: OnceLock::new(),
             threads,
+            short_time_slices,
         }
     }
 
@@ -103,9 +109,15 @@ impl Pool {
         if let Some(pool) = self.pool.get() {
             return Ok(pool);
         }
+        let short_time_slices = self.short_time_slices;
         let built = rayon::ThreadPoolBuilder::new()
             .num_threads(self.threads)
             .thread_name(|index| format!("shardwheel-pool-{index}"))
+            .start_handler(move |_| {
+                if short_time_slices {
+                    time_slice::request_for_current_thread();
+                }
+            })
             .build()
             .map_err(|_| ScheduleError::ExecutorUnavailable)?;
         // A concurrent start may have won: then `built` is dropped and its threads end.

@@ -32,6 +32,8 @@ pub(crate) struct Settings {
     pub(crate) shards: Option<usize>,
     pub(crate) tick: Duration,
     pub(crate) pin_threads: bool,
+    /// Whether the engine's threads ask for short time slices ([`super::time_slice`]).
+    pub(crate) short_time_slices: bool,
     pub(crate) max_pending: Option<usize>,
     pub(crate) levels: usize,
     pub(crate) executor: Executor,
@@ -88,7 +90,10 @@ impl Engine {
             Dispatch::Inline
         } else {
             match settings.executor {
-                Executor::DefaultPool => Dispatch::Pool(registry::Arc::new(Pool::deferred(cpus))),
+                Executor::DefaultPool => Dispatch::Pool(registry::Arc::new(Pool::deferred(
+                    cpus,
+                    settings.short_time_slices,
+                ))),
                 Executor::ThreadPool(pool) => Dispatch::Pool(registry::Arc::new(Pool::given(pool))),
                 Executor::Inline => Dispatch::Inline,
             }
@@ -135,8 +140,11 @@ impl Engine {
         let mut workers = Vec::with_capacity(shard_count);
         let mut spawn_error = None;
         for (ordinal, owner) in owners.into_iter().enumerate() {
-            let pin = (!core_ids.is_empty()).then(|| core_ids[ordinal % core_ids.len()]);
-            match worker::spawn(owner, dispatch.clone(), ordinal, pin) {
+            let placing = worker::Placing {
+                pin: (!core_ids.is_empty()).then(|| core_ids[ordinal % core_ids.len()]),
+                short_time_slice: settings.short_time_slices,
+            };
+            match worker::spawn(owner, dispatch.clone(), ordinal, placing) {
                 Ok(handle) => workers.push(handle),
                 Err(error) => {
                     spawn_error = Some(error);

@@ -7,6 +7,7 @@ use super::inbox::{DRAIN_INTERVAL, ParkOutcome};
 use super::owner::{DRAIN_BATCH, OwnerHold, ShardOwner};
 use super::placement;
 use super::shared::ShardShared;
+use super::time_slice;
 use crate::sync::{Arc, thread, thread_local};
 use std::cell::RefCell;
 
@@ -23,15 +24,24 @@ thread_local! {
     static PARKED_OWNER: RefCell<Option<ShardOwner>> = RefCell::new(None);
 }
 
-/// Starts shard `ordinal`'s worker thread, pinned to `pin` if given; it returns the owner
+/// How a shard's worker thread asks the operating system to run it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Placing {
+    /// The CPU to pin the thread to, if any.
+    pub(crate) pin: Option<core_affinity::CoreId>,
+    /// Whether to ask for short time slices ([`time_slice`](super::time_slice)).
+    pub(crate) short_time_slice: bool,
+}
+
+/// Starts shard `ordinal`'s worker thread, placed as `placing` says; it returns the owner
 /// when it ends ([`run`]).
 pub(crate) fn spawn(
     owner: ShardOwner,
     dispatch: Dispatch,
     ordinal: usize,
-    pin: Option<core_affinity::CoreId>,
+    placing: Placing,
 ) -> std::io::Result<thread::JoinHandle<Option<ShardOwner>>> {
-    let run = move || run(owner, dispatch, ordinal, pin);
+    let run = move || run(owner, dispatch, ordinal, placing);
     #[cfg(not(shardwheel_loom))]
     return thread::Builder::new()
         .name(format!("shardwheel-shard-{ordinal}"))
@@ -99,17 +109,24 @@ fn run(
     owner: ShardOwner,
     dispatch: Dispatch,
     ordinal: usize,
-    pin: Option<core_affinity::CoreId>,
+    placing: Placing,
 ) -> Option<ShardOwner> {
     let shared = owner.shared.clone();
     shared.inbox.register_current_thread();
     placement::set_home(ordinal);
-    if let Some(core_id) = pin {
+    if let Some(core_id) = placing.pin {
         let pinned = core_affinity::set_for_current(core_id);
         shared
             .counters
             .pinned
             .store(pinned, std::sync::atomic::Ordering::Relaxed);
+    }
+    if placing.short_time_slice {
+        let granted = time_slice::request_for_current_thread();
+        shared
+            .counters
+            .short_time_slice
+            .store(granted, std::sync::atomic::Ordering::Relaxed);
     }
     let mut owner = Some(owner);
     let mut handoff = Handoff::default();
