@@ -97,3 +97,67 @@ pub(crate) fn run(config: &Config, report: &mut Report, bar: &mut Bar) {
         "inserts/s",
     );
 }
+
+/// Nanoseconds per round trip of one cache line between two CPUs of this process's affinity
+/// mask (the first two), over about `seconds`: two pinned threads take turns storing to one
+/// word. `None` with fewer than two CPUs or where pinning fails.
+///
+/// On a virtual machine this moves with where the host runs the virtual CPUs (siblings of one
+/// core, or two cores), so the churn workload measures it before and after each run: every
+/// message a submitting thread sends to a shard on the other CPU pays such transfers.
+pub(crate) fn cross_cpu_round_trip_ns(seconds: f64) -> Option<f64> {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let cores = core_affinity::get_core_ids()?;
+    let (first, second) = (*cores.first()?, *cores.get(1)?);
+    const BATCH: u64 = 10_000;
+    let word = crossbeam_utils::CachePadded::new(AtomicU64::new(0));
+    let stop = AtomicBool::new(false);
+    let pinned = AtomicU64::new(0);
+    let length = Duration::from_secs_f64(seconds);
+    let (trips, elapsed) = thread::scope(|scope| {
+        let (word, stop, pinned) = (&word, &stop, &pinned);
+        // The answering side: turns each odd value into the next even one.
+        scope.spawn(move || {
+            pinned.fetch_add(
+                u64::from(core_affinity::set_for_current(second)),
+                Ordering::SeqCst,
+            );
+            loop {
+                let value = word.load(Ordering::Acquire);
+                if value % 2 == 1 {
+                    word.store(value + 1, Ordering::Release);
+                } else if stop.load(Ordering::Relaxed) {
+                    return;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+        });
+        scope
+            .spawn(move || {
+                pinned.fetch_add(
+                    u64::from(core_affinity::set_for_current(first)),
+                    Ordering::SeqCst,
+                );
+                let start = Instant::now();
+                let mut trips = 0u64;
+                let mut value = 0u64;
+                while start.elapsed() < length {
+                    for _ in 0..BATCH {
+                        word.store(value + 1, Ordering::Release);
+                        value += 2;
+                        while word.load(Ordering::Acquire) != value {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    trips += BATCH;
+                }
+                let elapsed = start.elapsed();
+                stop.store(true, Ordering::Relaxed);
+                (trips, elapsed)
+            })
+            .join()
+            .expect("the probe thread does not panic")
+    });
+    (pinned.load(Ordering::SeqCst) == 2).then(|| elapsed.as_nanos() as f64 / trips as f64)
+}

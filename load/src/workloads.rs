@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 const SECOND: u64 = 1_000_000_000;
 /// How often timed loops look at the clock.
 const CHECK_EVERY: usize = 64;
+/// How long the churn workload measures the cross-CPU round trip before and after each run
+/// ([`crate::probes::cross_cpu_round_trip_ns`]).
+const CROSS_CPU_PROBE_SECONDS: f64 = 0.1;
 /// How often workers publish their progress.
 const PUBLISH_EVERY: usize = 4096;
 
@@ -174,6 +177,7 @@ fn count_missing<H>(slots: &[Option<H>]) -> usize {
 fn churn<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &Bar) {
     let p = config.churn_timers;
     let length = Duration::from_secs_f64(config.seconds);
+    let round_trip_before = crate::probes::cross_cpu_round_trip_ns(CROSS_CPU_PROBE_SECONDS);
     let sys = S::build();
     let counters = Counters::new(threads);
     let barrier = Barrier::new(threads + 1);
@@ -267,6 +271,15 @@ fn churn<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &
             .collect()
     });
     sys.shutdown();
+    let round_trip_after = crate::probes::cross_cpu_round_trip_ns(CROSS_CPU_PROBE_SECONDS);
+    for (metric, value) in [
+        ("cross_cpu_round_trip_before_ns", round_trip_before),
+        ("cross_cpu_round_trip_after_ns", round_trip_after),
+    ] {
+        if let Some(value) = value {
+            report.add(S::NAME, "churn", threads, metric, value, "ns");
+        }
+    }
     let setup = span(outcomes.iter().map(|o| o.setup));
     let churn = span(outcomes.iter().map(|o| o.churn));
     let pairs: u64 = outcomes.iter().map(|o| o.pairs).sum();
