@@ -48,6 +48,7 @@ mod futures;
 #[cfg(feature = "hyper")]
 mod hyper_timer;
 mod periodic;
+mod prefetch;
 mod stats;
 mod sync;
 mod task;

@@ -48,19 +48,10 @@ impl<'a> Store<'a> {
 impl LinkStore for Store<'_> {
     #[inline]
     fn prefetch(&self, index: u32) {
-        #[cfg(target_arch = "x86_64")]
         if let Some(entry) = self.entries.get(index as usize) {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let slot = self.slots.slot(index);
-            // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists; a
-            // prefetch only hints the cache and never faults, and both addresses are live.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T0>((entry as *const Entry).cast::<i8>());
-                _mm_prefetch::<_MM_HINT_T0>((slot as *const Slot).cast::<i8>());
-            }
+            crate::prefetch::for_read::<Entry>(entry);
+            crate::prefetch::for_read::<Slot>(self.slots.slot(index));
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = index;
     }
     fn links(&self, index: u32) -> &Links {
         &self.entries[index as usize].links

@@ -61,6 +61,9 @@ const CAPACITY: u64 = 2;
 /// `ready` when every cell of a block is written.
 const ALL_READY: u64 = u64::MAX >> (64 - CAPACITY);
 
+/// How many cells ahead of its own a producer takes the line of for writing.
+const WRITE_AHEAD: u64 = 4;
+
 /// Blocks kept past the one holding `tail` when the consumer hands one back.
 const SPARE_BLOCKS: u64 = 4;
 
@@ -166,6 +169,15 @@ impl<T> Queue<T> {
         // block is not handed back before that read (module documentation).
         unsafe {
             (*block).cells[(position % CAPACITY) as usize].with_mut(|cell| (*cell).write(value));
+            // Take a later cell's line for writing now, so that the `fetch_or` below, which
+            // waits for this thread's earlier writes, does not wait for that line's transfer
+            // from the consumer's CPU (see `crate::prefetch`). Within this block only.
+            if let Some(ahead) = (*block)
+                .cells
+                .get((position % CAPACITY + WRITE_AHEAD) as usize)
+            {
+                crate::prefetch::for_write(ahead);
+            }
             (*block).ready.fetch_or(bit, Ordering::Release);
         }
     }

@@ -82,16 +82,7 @@ impl Pages {
     /// Hints the processor to fetch slot `index`'s line (a slot that has been handed out).
     #[inline]
     pub(super) fn prefetch(&self, index: u32) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-            let slot: *const Slot = self.slot(index);
-            // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists; a prefetch
-            // only hints the cache and never faults, and the address is a live slot's.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(slot.cast::<i8>()) };
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = index;
+        crate::prefetch::for_read::<Slot>(self.slot(index));
     }
 
     /// Makes sure page `page` exists.
