@@ -180,8 +180,12 @@ impl Report {
             .collect()
     }
 
-    /// The ratios shardwheel/`baseline` of the repetitions that measured both.
+    /// The ratios shardwheel/`baseline` of the repetitions that measured both; none for a
+    /// reading of the machine rather than of a system (the cross-CPU round trip).
     fn ratios(&self, baseline: &str, workload: &str, threads: usize, metric: &str) -> Vec<f64> {
+        if metric.starts_with("cross_cpu_") {
+            return Vec::new();
+        }
         let baseline_runs = self.runs(baseline, workload, threads, metric);
         self.runs("shardwheel", workload, threads, metric)
             .into_iter()
