@@ -103,8 +103,9 @@ pub(crate) fn run(config: &Config, report: &mut Report, bar: &mut Bar) {
 /// word. `None` with fewer than two CPUs or where pinning fails.
 ///
 /// On a virtual machine this moves with where the host runs the virtual CPUs (siblings of one
-/// core, or two cores), so the churn workload measures it before and after each run: every
-/// message a submitting thread sends to a shard on the other CPU pays such transfers.
+/// core, or two cores), so churn and reset measure it before and after each run: a message a
+/// submitting thread sends to a shard on the other CPU, and a reset of a slot last touched on
+/// the other CPU, pay such transfers.
 pub(crate) fn cross_cpu_round_trip_ns(seconds: f64) -> Option<f64> {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     let cores = core_affinity::get_core_ids()?;

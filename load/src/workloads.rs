@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 const SECOND: u64 = 1_000_000_000;
 /// How often timed loops look at the clock.
 const CHECK_EVERY: usize = 64;
-/// How long the churn workload measures the cross-CPU round trip before and after each run
+/// How long churn and reset measure the cross-CPU round trip before and after each run
 /// ([`crate::probes::cross_cpu_round_trip_ns`]).
 const CROSS_CPU_PROBE_SECONDS: f64 = 0.1;
 /// How often workers publish their progress.
@@ -271,15 +271,7 @@ fn churn<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &
             .collect()
     });
     sys.shutdown();
-    let round_trip_after = crate::probes::cross_cpu_round_trip_ns(CROSS_CPU_PROBE_SECONDS);
-    for (metric, value) in [
-        ("cross_cpu_round_trip_before_ns", round_trip_before),
-        ("cross_cpu_round_trip_after_ns", round_trip_after),
-    ] {
-        if let Some(value) = value {
-            report.add(S::NAME, "churn", threads, metric, value, "ns");
-        }
-    }
+    report_round_trips(report, S::NAME, "churn", threads, round_trip_before);
     let setup = span(outcomes.iter().map(|o| o.setup));
     let churn = span(outcomes.iter().map(|o| o.churn));
     let pairs: u64 = outcomes.iter().map(|o| o.pairs).sum();
@@ -1063,6 +1055,7 @@ fn idle<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &B
 /// W5: C timers of 30 s; T threads push random ones back to now + 30 s for `seconds`.
 fn reset<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &Bar) {
     let c = config.reset_timers;
+    let round_trip_before = crate::probes::cross_cpu_round_trip_ns(CROSS_CPU_PROBE_SECONDS);
     let sys = S::build();
     let mut slots = empty_slots::<S::Handle>(c);
     let delay = Duration::from_secs(30);
@@ -1124,6 +1117,7 @@ fn reset<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &
     });
     drop(slots);
     sys.shutdown();
+    report_round_trips(report, S::NAME, "reset", threads, round_trip_before);
     let elapsed = span(outcomes.iter().map(|o| (o.0, o.1)));
     let resets: u64 = outcomes.iter().map(|o| o.2).sum();
     let failed: u64 = outcomes.iter().map(|o| o.3).sum();
@@ -1150,6 +1144,27 @@ fn reset<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &
     for (metric, chase) in [("floor_resets_per_s", false), ("chase_resets_per_s", true)] {
         let steps_per_s = reset_floor(c, threads, length, chase);
         report.add(S::NAME, "reset", threads, metric, steps_per_s, "resets/s");
+    }
+}
+
+/// Reports the cross-CPU round trip measured before a run (`before`) and now, after it
+/// ([`crate::probes::cross_cpu_round_trip_ns`]): churn and reset move cache lines between
+/// CPUs, so their figures follow it.
+fn report_round_trips(
+    report: &mut Report,
+    system: &'static str,
+    workload: &str,
+    threads: usize,
+    before: Option<f64>,
+) {
+    let after = crate::probes::cross_cpu_round_trip_ns(CROSS_CPU_PROBE_SECONDS);
+    for (metric, value) in [
+        ("cross_cpu_round_trip_before_ns", before),
+        ("cross_cpu_round_trip_after_ns", after),
+    ] {
+        if let Some(value) = value {
+            report.add(system, workload, threads, metric, value, "ns");
+        }
     }
 }
 
