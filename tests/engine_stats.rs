@@ -7,7 +7,9 @@ use shardwheel::{BuildError, Executor, Stats, Timer, TimerHandle};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use support::{Rng, counter, get, schedule_watching_for_early, wait_until};
+use support::{
+    Rng, counter, get, run_one_task_from_each_of, schedule_watching_for_early, wait_until,
+};
 
 /// Totals equal the sums of the per-shard counters, field by field.
 fn assert_shards_sum_to_totals(stats: &Stats) {
@@ -22,6 +24,11 @@ fn assert_shards_sum_to_totals(stats: &Stats) {
     assert_eq!(
         stats.shards.iter().filter(|s| s.pinned).count(),
         stats.pinned,
+        "{stats:?}"
+    );
+    assert_eq!(
+        stats.shards.iter().filter(|s| s.short_time_slice).count(),
+        stats.short_time_slices,
         "{stats:?}"
     );
     let max = stats.shards.iter().map(|s| s.lateness_max).max().unwrap();
@@ -187,20 +194,7 @@ fn pinned_reports() {
         .unwrap();
     // Shard threads pin themselves when they start: wait until they have run a timer.
     for timer in [&unpinned, &pinned] {
-        let ran = counter();
-        for _ in 0..2 {
-            let (timer, ran) = (timer.clone(), ran.clone());
-            std::thread::spawn(move || {
-                timer
-                    .schedule(Duration::ZERO, move || {
-                        ran.fetch_add(1, Ordering::SeqCst);
-                    })
-                    .unwrap()
-            })
-            .join()
-            .unwrap();
-        }
-        assert!(wait_until(Duration::from_secs(1), || get(&ran) == 2));
+        run_one_task_from_each_of(timer, 2);
     }
     let stats = unpinned.stats();
     assert_eq!(stats.pinned, 0, "{stats:?}");

@@ -5,9 +5,8 @@
 mod support;
 
 use shardwheel::{Stats, Timer};
-use std::sync::atomic::Ordering;
 use std::time::Duration;
-use support::{EXEC_THREAD, SHARD_THREAD, counter, get, wait_until};
+use support::{EXEC_THREAD, SHARD_THREAD, run_one_task_from_each_of, wait_until};
 
 /// The slice the engine asks for, in nanoseconds (the shortest Linux grants).
 const SHORT_SLICE_NANOS: u64 = 100_000;
@@ -50,23 +49,10 @@ fn kernel_takes_slice_requests() -> bool {
     (major, minor) >= (6, 12)
 }
 
-/// Builds a timer of two shards, runs a closure task on each (so the shard threads have
-/// started and the pool exists), and returns its statistics.
+/// Runs a closure task from two threads on `timer` (two shards: see
+/// [`run_one_task_from_each_of`]) and returns its statistics.
 fn started(timer: &Timer) -> Stats {
-    let ran = counter();
-    for _ in 0..2 {
-        let (timer, ran) = (timer.clone(), ran.clone());
-        std::thread::spawn(move || {
-            timer
-                .schedule(Duration::ZERO, move || {
-                    ran.fetch_add(1, Ordering::SeqCst);
-                })
-                .unwrap()
-        })
-        .join()
-        .unwrap();
-    }
-    assert!(wait_until(Duration::from_secs(5), || get(&ran) == 2));
+    run_one_task_from_each_of(timer, 2);
     timer.stats()
 }
 

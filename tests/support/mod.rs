@@ -130,6 +130,26 @@ pub fn get(counter: &AtomicUsize) -> usize {
     counter.load(Ordering::SeqCst)
 }
 
+/// Schedules a zero-delay closure task from each of `threads` new threads and waits (up to 5 s)
+/// until every one ran: the shards those threads chose have started their threads (which pin
+/// themselves and ask for their time slices as they start), and the executor pool exists.
+pub fn run_one_task_from_each_of(timer: &Timer, threads: usize) {
+    let ran = counter();
+    for _ in 0..threads {
+        let (timer, ran) = (timer.clone(), ran.clone());
+        std::thread::spawn(move || {
+            timer
+                .schedule(Duration::ZERO, move || {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap()
+        })
+        .join()
+        .unwrap();
+    }
+    assert!(wait_until(Duration::from_secs(5), || get(&ran) == threads));
+}
+
 /// A small deterministic pseudo-random generator (xorshift64*), so failures reproduce.
 #[derive(Clone, Debug)]
 pub struct Rng(u64);
