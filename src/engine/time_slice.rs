@@ -2,9 +2,8 @@
 //!
 //! A shard thread wakes for a tick, works briefly, and sleeps again; every timer it expires is
 //! late by however long the thread waited for a CPU after it woke. On a busy CPU that wait is
-//! the rest of whatever runs there: another thread's turn, or a kernel thread's (on the
-//! project's test machines, a memory-monitoring kernel thread that runs for a few milliseconds
-//! twice a second stalls a shard pinned beside it).
+//! the rest of whatever runs there: another thread's turn, or a kernel thread's (README's notes
+//! on the storm workload show one stalling a pinned shard).
 //!
 //! Linux's EEVDF scheduler (6.12 and later) lets a thread of the normal policy ask for a
 //! shorter slice (`sched_attr.sched_runtime`, clamped to 0.1-100 ms; no privilege needed).
