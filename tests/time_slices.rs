@@ -6,7 +6,9 @@ mod support;
 
 use shardwheel::{Stats, Timer};
 use std::time::Duration;
-use support::{EXEC_THREAD, SHARD_THREAD, run_one_task_from_each_of, wait_until};
+use support::{
+    EXEC_THREAD, SHARD_THREAD, run_one_task_from_each_of, thread_dirs_named, wait_until,
+};
 
 /// The slice the engine asks for, in nanoseconds (the shortest Linux grants).
 const SHORT_SLICE_NANOS: u64 = 100_000;
@@ -14,16 +16,9 @@ const SHORT_SLICE_NANOS: u64 = 100_000;
 /// `se.slice` of each thread of this process whose name starts with `prefix`, where `/proc`
 /// shows it (Linux 6.6 and later).
 fn slices_of(prefix: &str) -> Vec<u64> {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return Vec::new();
-    };
-    tasks
-        .filter_map(Result::ok)
-        .filter(|task| {
-            std::fs::read_to_string(task.path().join("comm"))
-                .is_ok_and(|name| name.trim_end().starts_with(prefix))
-        })
-        .filter_map(|task| std::fs::read_to_string(task.path().join("sched")).ok())
+    thread_dirs_named(prefix)
+        .into_iter()
+        .filter_map(|task| std::fs::read_to_string(task.join("sched")).ok())
         .filter_map(|sched| {
             sched
                 .lines()

@@ -98,6 +98,13 @@ pub(crate) fn run(config: &Config, report: &mut Report, bar: &mut Bar) {
     );
 }
 
+/// The metrics of [`cross_cpu_round_trip_ns`] as workloads report it, before and after a run:
+/// readings of the machine, not of a system (the report gives them no ratio).
+pub(crate) const ROUND_TRIP_METRICS: [&str; 2] = [
+    "cross_cpu_round_trip_before_ns",
+    "cross_cpu_round_trip_after_ns",
+];
+
 /// Nanoseconds per round trip of one cache line between two CPUs of this process's affinity
 /// mask (the first two), over about `seconds`: two pinned threads take turns storing to one
 /// word. `None` with fewer than two CPUs or where pinning fails.

@@ -183,7 +183,7 @@ impl Report {
     /// The ratios shardwheel/`baseline` of the repetitions that measured both; none for a
     /// reading of the machine rather than of a system (the cross-CPU round trip).
     fn ratios(&self, baseline: &str, workload: &str, threads: usize, metric: &str) -> Vec<f64> {
-        if metric.starts_with("cross_cpu_") {
+        if crate::probes::ROUND_TRIP_METRICS.contains(&metric) {
             return Vec::new();
         }
         let baseline_runs = self.runs(baseline, workload, threads, metric);

@@ -1158,10 +1158,10 @@ fn report_round_trips(
     before: Option<f64>,
 ) {
     let after = crate::probes::cross_cpu_round_trip_ns(CROSS_CPU_PROBE_SECONDS);
-    for (metric, value) in [
-        ("cross_cpu_round_trip_before_ns", before),
-        ("cross_cpu_round_trip_after_ns", after),
-    ] {
+    for (metric, value) in crate::probes::ROUND_TRIP_METRICS
+        .into_iter()
+        .zip([before, after])
+    {
         if let Some(value) = value {
             report.add(system, workload, threads, metric, value, "ns");
         }

@@ -12,7 +12,7 @@ pub mod poll;
 pub mod process;
 
 pub use poll::{CountingWaker, counting_waker, poll_noop, poll_once};
-pub use process::{EXEC_THREAD, SHARD_THREAD, resident_pages, threads_named};
+pub use process::{EXEC_THREAD, SHARD_THREAD, resident_pages, thread_dirs_named, threads_named};
 
 use shardwheel::{Clock, Executor, Stats, Timer};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,14 +3,22 @@
 /// Threads of this process whose name (`comm`, truncated to 15 bytes by Linux) starts with
 /// `prefix`.
 pub fn threads_named(prefix: &str) -> usize {
+    thread_dirs_named(prefix).len()
+}
+
+/// The `/proc/self/task/TID` directories of [`threads_named`]`(prefix)`.
+pub fn thread_dirs_named(prefix: &str) -> Vec<std::path::PathBuf> {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return 0;
+        return Vec::new();
     };
     tasks
         .filter_map(Result::ok)
-        .filter_map(|task| std::fs::read_to_string(task.path().join("comm")).ok())
-        .filter(|name| name.trim_end().starts_with(prefix))
-        .count()
+        .map(|task| task.path())
+        .filter(|task| {
+            std::fs::read_to_string(task.join("comm"))
+                .is_ok_and(|name| name.trim_end().starts_with(prefix))
+        })
+        .collect()
 }
 
 /// Shard threads are named `shardwheel-shard-N`; Linux keeps 15 bytes of a thread's name.
