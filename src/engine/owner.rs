@@ -19,28 +19,71 @@ use crate::wheel::raw::{LinkStore, Links, RawWheel};
 /// submissions cannot delay expiry.
 pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
 
-/// The owner's record of one timer, under the same index as its slot.
-struct Entry {
-    links: Links,
-    task: Option<Task>,
+/// The owner's records of its timers, indexed like the slot table, in two arrays: each
+/// timer's wheel links, and its task. Every wheel operation walks links, its neighbours' too,
+/// while only storing, firing and dropping a timer touch its task: kept apart, the links of
+/// four times as many timers share the cache.
+struct Entries {
+    links: Vec<Links>,
+    tasks: Vec<Option<Task>>,
 }
 
-const VACANT: Entry = Entry {
-    links: Links::UNLINKED,
-    task: None,
-};
+impl Entries {
+    const fn new() -> Entries {
+        Entries {
+            links: Vec::new(),
+            tasks: Vec::new(),
+        }
+    }
 
-/// The owner's table of entries, indexed like the slot table.
-struct Entries(Vec<Entry>);
+    /// Entries held, stored or vacant (the highest slot index seen, plus one).
+    fn len(&self) -> usize {
+        self.links.len()
+    }
 
-/// What the wheel works on: the owner's entries (links) and the slots (deadlines).
+    /// Entries the table has room for.
+    fn capacity(&self) -> usize {
+        self.links.capacity()
+    }
+
+    /// Grows the table to `len` entries, the new ones vacant.
+    fn grow_to(&mut self, len: usize) {
+        self.links.resize(len, Links::UNLINKED);
+        self.tasks.resize_with(len, || None);
+    }
+
+    /// Whether entry `index` holds a task.
+    fn has_task(&self, index: u32) -> bool {
+        self.tasks
+            .get(index as usize)
+            .is_some_and(|task| task.is_some())
+    }
+
+    /// Whether entry `index` is stored in the wheel.
+    fn is_linked(&self, index: u32) -> bool {
+        self.links.get(index as usize).is_some_and(Links::is_linked)
+    }
+
+    /// Whether entry `index` holds nothing: no task, no place in the wheel.
+    fn is_vacant(&self, index: u32) -> bool {
+        !self.has_task(index) && !self.is_linked(index)
+    }
+
+    /// Takes the table, leaving an empty one.
+    fn take(&mut self) -> Entries {
+        std::mem::replace(self, Entries::new())
+    }
+}
+
+/// What the wheel works on: the owner's entries (links, and tasks for expiry) and the slots
+/// (deadlines).
 struct Store<'a> {
-    entries: &'a mut Vec<Entry>,
+    entries: &'a mut Entries,
     slots: &'a SlotTable,
 }
 
 impl<'a> Store<'a> {
-    fn new(entries: &'a mut Vec<Entry>, slots: &'a SlotTable) -> Store<'a> {
+    fn new(entries: &'a mut Entries, slots: &'a SlotTable) -> Store<'a> {
         Store { entries, slots }
     }
 }
@@ -48,16 +91,18 @@ impl<'a> Store<'a> {
 impl LinkStore for Store<'_> {
     #[inline]
     fn prefetch(&self, index: u32) {
-        if let Some(entry) = self.entries.get(index as usize) {
-            crate::prefetch::for_read::<Entry>(entry);
-            crate::prefetch::for_read::<Slot>(self.slots.slot(index));
+        let index = index as usize;
+        if index < self.entries.len() {
+            crate::prefetch::for_read::<Links>(&self.entries.links[index]);
+            crate::prefetch::for_read::<Option<Task>>(&self.entries.tasks[index]);
+            crate::prefetch::for_read::<Slot>(self.slots.slot(index as u32));
         }
     }
     fn links(&self, index: u32) -> &Links {
-        &self.entries[index as usize].links
+        &self.entries.links[index as usize]
     }
     fn links_mut(&mut self, index: u32) -> &mut Links {
-        &mut self.entries[index as usize].links
+        &mut self.entries.links[index as usize]
     }
     fn deadline(&self, index: u32) -> u64 {
         self.slots.deadline(index)
@@ -109,7 +154,7 @@ impl ShardOwner {
         ShardOwner {
             shared,
             wheel: RawWheel::new(levels),
-            entries: Entries(Vec::new()),
+            entries: Entries::new(),
             live: 0,
             reclaim: IdleReclaim::new(),
             stages: StageList::default(),
@@ -173,18 +218,17 @@ impl ShardOwner {
     fn adopt(&mut self, meta: Meta, task: Task) {
         let index = meta.index;
         let slot = self.ensure_entry(index);
-        let entry = &mut self.entries.0[slot];
         debug_assert!(
-            entry.task.is_none() && !entry.links.is_linked(),
+            self.entries.is_vacant(index),
             "slot {index} adopted while occupied"
         );
-        entry.task = Some(task);
+        self.entries.tasks[slot] = Some(task);
         self.live += 1;
         // Read after the adoption: a handle may have moved it since the cell was written
         // (earlier: its `Relocate` finds the entry linked, or was applied before and ignored;
         // either way this read sees the new deadline).
         let deadline = self.shared.slots.deadline(index);
-        let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+        let mut store = Store::new(&mut self.entries, &self.shared.slots);
         self.wheel.insert(&mut store, index, deadline);
     }
 
@@ -196,14 +240,13 @@ impl ShardOwner {
                 task,
             } => {
                 let slot = self.ensure_entry(index);
-                let entry = &mut self.entries.0[slot];
                 debug_assert!(
-                    entry.task.is_none() && !entry.links.is_linked(),
+                    self.entries.is_vacant(index),
                     "slot {index} scheduled while occupied"
                 );
-                entry.task = Some(task);
+                self.entries.tasks[slot] = Some(task);
                 self.live += 1;
-                let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                let mut store = Store::new(&mut self.entries, &self.shared.slots);
                 self.wheel.insert(&mut store, index, deadline);
             }
             Message::Cancel { index, generation } => {
@@ -213,18 +256,14 @@ impl ShardOwner {
                 if !self.shared.slots.cancel_awaits_let_go(index, generation) {
                     return;
                 }
-                let has_task = self
-                    .entries
-                    .0
-                    .get(index as usize)
-                    .is_some_and(|entry| entry.task.is_some());
+                let has_task = self.entries.has_task(index);
                 debug_assert!(has_task, "cancelled slot {index} held without its task");
                 if !has_task {
                     return;
                 }
-                let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                let mut store = Store::new(&mut self.entries, &self.shared.slots);
                 self.wheel.remove(&mut store, index);
-                if let Some(task) = self.entries.0[index as usize].task.take() {
+                if let Some(task) = self.entries.tasks[index as usize].take() {
                     self.live -= 1;
                     handoff.discard(task);
                     self.shared.slots.let_go_into(index, &mut self.freed);
@@ -232,14 +271,9 @@ impl ShardOwner {
             }
             Message::Relocate { index, generation } => {
                 let slots = &self.shared.slots;
-                let linked = self
-                    .entries
-                    .0
-                    .get(index as usize)
-                    .is_some_and(|entry| entry.links.is_linked());
-                if linked && slots.is_pending(index, generation) {
+                if self.entries.is_linked(index) && slots.is_pending(index, generation) {
                     let deadline = slots.deadline(index);
-                    let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                    let mut store = Store::new(&mut self.entries, &self.shared.slots);
                     self.wheel.remove(&mut store, index);
                     self.wheel.insert(&mut store, index, deadline);
                 }
@@ -254,15 +288,14 @@ impl ShardOwner {
                     self.shared.slots.set_deadline(index, deadline);
                     // Pending and held by the shard: its entry exists (`live` counts it).
                     let slot = self.ensure_entry(index);
-                    let entry = &mut self.entries.0[slot];
-                    if let Some(task) = &mut entry.task {
+                    if let Some(task) = &mut self.entries.tasks[slot] {
                         task.reanchor(self.shared.clock.nanos_of_tick(deadline));
                     }
-                    if entry.task.is_none() {
+                    if self.entries.tasks[slot].is_none() {
                         // A repeating timer out running: re-armed at this deadline instead.
-                        entry.links.set_deferred();
+                        self.entries.links[slot].set_deferred();
                     } else {
-                        let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                        let mut store = Store::new(&mut self.entries, &self.shared.slots);
                         self.wheel.remove(&mut store, index);
                         self.wheel.insert(&mut store, index, deadline);
                     }
@@ -283,8 +316,7 @@ impl ShardOwner {
                     return;
                 }
                 let slot = self.ensure_entry(index);
-                let entry = &mut self.entries.0[slot];
-                let deferred = entry.links.take_deferred();
+                let deferred = self.entries.links[slot].take_deferred();
                 match end {
                     RunEnd::Again => {
                         let deadline = if deferred {
@@ -296,9 +328,9 @@ impl ShardOwner {
                         } else {
                             deadline
                         };
-                        entry.task = task;
+                        self.entries.tasks[slot] = task;
                         self.shared.slots.set_deadline(index, deadline);
-                        let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+                        let mut store = Store::new(&mut self.entries, &self.shared.slots);
                         self.wheel.insert(&mut store, index, deadline);
                     }
                     RunEnd::Stopped | RunEnd::WasCancelled | RunEnd::Stale => {
@@ -323,8 +355,8 @@ impl ShardOwner {
     /// shard was idle); returns the index into it.
     fn ensure_entry(&mut self, index: u32) -> usize {
         let slot = index as usize;
-        if slot >= self.entries.0.len() {
-            self.entries.0.resize_with(slot + 1, || VACANT);
+        if slot >= self.entries.len() {
+            self.entries.grow_to(slot + 1);
             self.reclaim.saw_entries(slot as u64 + 1);
         }
         slot
@@ -345,14 +377,14 @@ impl ShardOwner {
         let lateness = &mut self.lateness;
         let mut fired = 0u64;
         let mut given_back = 0u64;
-        let mut store = Store::new(&mut self.entries.0, &shared.slots);
+        let mut store = Store::new(&mut self.entries, &shared.slots);
         self.wheel
             .expire_to(&mut store, now_tick, |store, index, due| {
-                let entry = &mut store.entries[index as usize];
-                let repeating = entry.task.as_ref().is_some_and(Task::is_repeating);
+                let task = &mut store.entries.tasks[index as usize];
+                let repeating = task.as_ref().is_some_and(Task::is_repeating);
                 match shared.slots.fire(index, due, repeating) {
                     FireOutcome::Fire { free } => {
-                        let task = entry.task.take().expect("a stored timer has a task");
+                        let task = task.take().expect("a stored timer has a task");
                         lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
                         if task.runs_inline() {
                             handoff.inline.push(task);
@@ -371,7 +403,7 @@ impl ShardOwner {
                         None
                     }
                     FireOutcome::Run => {
-                        let task = entry.task.take().expect("a stored timer has a task");
+                        let task = task.take().expect("a stored timer has a task");
                         lateness.record(now_nanos.saturating_sub(shared.clock.nanos_of_tick(due)));
                         handoff.repeating.push(RepeatingRun { index, task });
                         None
@@ -392,13 +424,13 @@ impl ShardOwner {
     /// Moves a bounded slice of the next window's timers down the wheel ahead of time (after
     /// the expired tasks were handed off, so they do not wait for it).
     pub(crate) fn cascade_ahead(&mut self) {
-        let mut store = Store::new(&mut self.entries.0, &self.shared.slots);
+        let mut store = Store::new(&mut self.entries, &self.shared.slots);
         self.wheel.cascade_ahead(&mut store);
     }
 
     /// Gives idle memory back, when due (see [`reclaim`](super::reclaim)).
     pub(crate) fn reclaim_idle_memory(&mut self, now_tick: u64) {
-        let entries = &mut self.entries.0;
+        let entries = &mut self.entries;
         let wheel = &mut self.wheel;
         self.reclaim.step(
             now_tick,
@@ -408,7 +440,7 @@ impl ShardOwner {
             &self.shared.clock,
             || {
                 debug_assert!(wheel.len() == 0, "wheel holds entries while none is live");
-                *entries = Vec::new();
+                *entries = Entries::new();
                 wheel.reclaim_memory();
             },
         );
@@ -489,14 +521,14 @@ impl ShardOwner {
     #[cfg_attr(shardwheel_loom, allow(dead_code))] // Under loom the worker lets a panic through.
     pub(crate) fn wake_sleeps_after_failure(&mut self, handoff: &mut Handoff) {
         let shared = self.shared.clone();
-        for (index, entry) in self.entries.0.iter_mut().enumerate() {
-            if !entry.task.as_ref().is_some_and(Task::runs_inline) {
+        for (index, task) in self.entries.tasks.iter_mut().enumerate() {
+            if !task.as_ref().is_some_and(Task::runs_inline) {
                 continue;
             }
             let index = index as u32;
             if shared.slots.cancel_for_shutdown(index) {
                 shared.count_cancelled(1);
-                handoff.inline.extend(entry.task.take());
+                handoff.inline.extend(task.take());
                 self.live -= 1;
                 shared.slots.let_go(index);
             }
@@ -530,8 +562,9 @@ impl ShardOwner {
         // The count no longer matters: nothing parks on this inbox again.
         let shared = self.shared.clone();
         let mut unfired = Vec::new();
-        for (index, entry) in self.entries.0.iter_mut().enumerate() {
-            let Some(task) = entry.task.take() else {
+        let entries = &mut self.entries;
+        for (index, task) in entries.tasks.iter_mut().enumerate() {
+            let Some(task) = task.take() else {
                 continue;
             };
             let index = index as u32;
@@ -549,7 +582,7 @@ impl ShardOwner {
             } else {
                 handoff.discard(task);
             }
-            *entry = VACANT;
+            entries.links[index as usize] = Links::UNLINKED;
             shared.slots.let_go(index);
         }
         self.wheel = RawWheel::new(1);
@@ -564,8 +597,8 @@ impl Drop for ShardOwner {
     /// Tasks still stored (only when a failed shard's owner goes without `close`, or a test
     /// drops an owner) are user code: dropped contained, after the entry table left the owner.
     fn drop(&mut self) {
-        let entries = std::mem::take(&mut self.entries.0);
-        for task in entries.into_iter().filter_map(|entry| entry.task) {
+        let entries = self.entries.take();
+        for task in entries.tasks.into_iter().flatten() {
             drop_contained(&self.shared.counters, task);
         }
     }
@@ -632,7 +665,7 @@ mod tests {
             (8, 20 + 20 + 40 + 80 + 160 + 320 + 640 + 1000)
         );
         assert!(
-            owner.entries.0.capacity() == 0,
+            owner.entries.capacity() == 0,
             "the entry table went at the first try"
         );
         assert_eq!(
@@ -665,7 +698,7 @@ mod tests {
         owner.reclaim_idle_memory(0);
         let (wakes, _) = run_housekeeping(&mut owner, 0);
         assert_eq!(wakes, 1);
-        assert_eq!(owner.entries.0.capacity(), 0);
+        assert_eq!(owner.entries.capacity(), 0);
         assert_eq!(owner.reclaim.slots_seen, 0);
         assert_eq!(owner.shared.slots.try_reclaim(), Reclaim::Nothing);
         // Idle with nothing left to give back: no wake-up is planned.
