@@ -27,8 +27,8 @@
 //!    that finds the stage full) is sent as a `Schedule` message (`src/engine/message.rs`).
 //!    The caller gets a [`TimerHandle`](crate::TimerHandle): slot index plus generation
 //!    (`src/engine/handle.rs`).
-//! 3. **Delivered** (owner). The inbox (`src/engine/inbox.rs`) is a lock-free queue plus one
-//!    signal word, which is also how a parked shard is woken without ever losing a wake-up
+//! 3. **Delivered** (owner). The inbox (`src/engine/inbox.rs`) is a lock-free queue whose tail
+//!    word carries a few flags, which is also how a parked shard is woken without ever losing a wake-up
 //!    (the argument is in that file; stages join it by Dekker's protocol, argued in
 //!    `src/engine/stage.rs`). The owner drains it and the stages in its turn, adopts each
 //!    staged timer (or drops the task of one cancelled while staged), checks each message

@@ -84,6 +84,11 @@ pub use engine::slot::SlotTableHook;
 #[doc(hidden)]
 pub use engine::queue::QueueHook;
 
+/// A shard's inbox, for the loom model of its parking protocol only.
+#[cfg(shardwheel_loom)]
+#[doc(hidden)]
+pub use engine::inbox::InboxHook;
+
 #[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 pub mod test_hooks;

@@ -51,7 +51,7 @@ impl<T> UnsafeCell<T> {
 }
 
 /// Set-once cell. Only used to publish a shard thread's handle before that thread first parks,
-/// which the inbox's signal word already orders, so loom need not see it.
+/// which the inbox's flags already order, so loom need not see it.
 pub(crate) use std::sync::OnceLock;
 
 /// The process-wide default timer's cells ([`default_timer`](mod@crate::default_timer)):
@@ -149,6 +149,15 @@ pub(crate) fn compare_exchange_flag_then_fence(
 #[inline]
 pub(crate) fn fetch_add_then_fence(atomic: &AtomicU64, value: u64, order: Ordering) -> u64 {
     let old = atomic.fetch_add(value, order);
+    fence_after_read_modify_write();
+    old
+}
+
+/// `atomic.fetch_or(value, order)`, then a sequentially consistent fence (see
+/// [`fence_after_read_modify_write`]).
+#[inline]
+pub(crate) fn fetch_or_then_fence(atomic: &AtomicU64, value: u64, order: Ordering) -> u64 {
+    let old = atomic.fetch_or(value, order);
     fence_after_read_modify_write();
     old
 }

@@ -13,7 +13,7 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use loom_tests::model;
 use shardwheel::{
-    Clock, Executor, MissedTickBehavior, QueueHook, SlotTableHook, Timer, TimerState,
+    Clock, Executor, InboxHook, MissedTickBehavior, QueueHook, SlotTableHook, Timer, TimerState,
 };
 use std::time::{Duration, Instant};
 
@@ -158,6 +158,39 @@ fn submit_wakes_parking_shard() {
             notify.wait();
         }
         assert_eq!(timer.shutdown().len(), 1, "the hour-long timer is returned");
+    });
+}
+
+/// Model 2 (b): the inbox's own side of model 2, which goes through stages (closure timers
+/// take them under loom): a consumer that drains, then parks until a far tick, against two
+/// producers pushing messages due at once. Each message is seen by a drain before the park,
+/// or its producer, reading the flags after its message is in, finds the consumer parked
+/// and wakes it. A lost wake-up shows as a deadlock.
+#[test]
+fn inbox_push_wakes_parked_consumer() {
+    model(|| {
+        let inbox = Arc::new(InboxHook::default());
+        let consumer = {
+            let inbox = inbox.clone();
+            thread::spawn(move || {
+                inbox.register_current_thread();
+                let mut popped = 0;
+                loop {
+                    popped += inbox.drain();
+                    if popped == 2 {
+                        return;
+                    }
+                    inbox.park(1_000);
+                }
+            })
+        };
+        let producer = {
+            let inbox = inbox.clone();
+            thread::spawn(move || assert!(inbox.push(0)))
+        };
+        assert!(inbox.push(0));
+        producer.join().unwrap();
+        consumer.join().unwrap();
     });
 }
 

@@ -1,20 +1,22 @@
-//! A shard's inbox: the lock-free message queue plus the signal word that decides when a
-//! sleeping shard must be woken, and that closes the inbox at shutdown.
+//! A shard's inbox: the lock-free message queue, whose tail word also carries the flags that
+//! decide when a sleeping shard must be woken and that close the inbox at shutdown.
 //!
-//! # The signal word
+//! # The flags
 //!
 //! ```text
 //!  63                                   4      3        2       1      0
 //! +--------------------------------------+---------+--------+------+--------+
-//! | messages counted, not yet consumed   | DRAINED | CLOSED | LONG | PARKED |
+//! | positions taken (the queue's)        | DRAINED | CLOSED | LONG | PARKED |
 //! +--------------------------------------+---------+--------+------+--------+
 //! ```
 //!
-//! A submitter pushes its message, **then** adds one to the count (one read-modify-write that
-//! also returns the flags). The shard subtracts what it popped, and parks only with a
-//! compare-and-swap that expects the count to be zero. So either the shard's
-//! park fails (it drains again) or the submitter's add sees PARKED and decides whether to wake:
-//! no wake-up is lost, and no lock or fence is needed. See `loom-tests/` for the model.
+//! They live in the queue's tail word (see "The tail word" in `queue.rs`), so the one
+//! read-modify-write that takes a message's position also reads them: a push costs no second
+//! shared line. A submitter takes its position, writes its message, sets its ready bit with a
+//! fence, **then** reads the flags again. The shard sets PARKED with a fence, **then** looks
+//! for a message ready at the head of the queue, and parks only if there is none. Dekker's
+//! argument: either the shard sees the message (and drains instead), or the submitter sees
+//! PARKED and decides whether to wake it. No wake-up is lost; see `loom-tests/` for the models.
 //!
 //! | shard parked with | a message wakes it when                          | a staged timer wakes it when |
 //! |-------------------|--------------------------------------------------|------------------------------|
@@ -24,30 +26,29 @@
 //! A shard parks "short" (at most [`DRAIN_INTERVAL`]) right after it processed messages, so a
 //! busy inbox costs one wake-up per interval, not one per message, and an idle engine none.
 //!
-//! The timers of `Sleep`s come through [stages](super::stage) instead, which add nothing to the
-//! count: their producers read this word after publishing (see [`Inbox::staged`]), and the
-//! shard looks at the stages after setting PARKED.
+//! The timers of `Sleep`s come through [stages](super::stage) instead: their producers read the
+//! flags after publishing, with a fence (see [`Inbox::staged`]), and the shard looks at the
+//! stages after setting PARKED.
 //!
-//! At shutdown the shard sets CLOSED and drains; a submitter whose add sees CLOSED settles the
-//! race on the timer's own state word (see `ShardShared::submit`). A submitter whose add did
-//! not see CLOSED took its queue position before the close: that drain waits for every such
-//! position to be written ([`positions_taken`](Inbox::positions_taken)), so no delivered message
-//! is left behind one still being written. After its last drain the shard sets DRAINED; from
-//! then on late submitters empty the queue themselves.
+//! At shutdown the shard sets CLOSED and drains. A submitter whose take read no CLOSED took
+//! its position before the close, and is delivered: the shard, once CLOSED is set, reads how
+//! many positions were taken ([`positions_taken`](Inbox::positions_taken)), a count that
+//! includes it, and its drain waits for every one of those to be written, so no delivered
+//! message is left behind one still being written. A submitter whose take read CLOSED settles the race on the timer's own
+//! state word (see `ShardShared::submit`). After its last drain the shard sets DRAINED; from
+//! then on late submitters, who read the flags again after writing, empty the queue
+//! themselves.
 
 use super::message::Message;
-use super::queue::{Consumer, Queue};
+use super::queue::{Consumer, FLAGS, Queue};
 use crate::sync::{AtomicU64, OnceLock, Ordering, thread};
-use crossbeam_utils::CachePadded;
 use std::time::Duration;
 
 const PARKED: u64 = 1;
 const LONG: u64 = 1 << 1;
 const CLOSED: u64 = 1 << 2;
 const DRAINED: u64 = 1 << 3;
-const FLAGS: u64 = (1 << 4) - 1;
-const MESSAGE_SHIFT: u32 = 4;
-const MESSAGE_ONE: u64 = 1 << MESSAGE_SHIFT;
+const _: () = assert!((PARKED | LONG | CLOSED | DRAINED) & !FLAGS == 0);
 /// Undrained messages past which submitters yield to the shard.
 const BACKLOG_LIMIT: u64 = 64 * 1024;
 
@@ -117,8 +118,8 @@ impl Parker {
 
 /// A shard's inbox. See the [module documentation](self).
 pub(crate) struct Inbox {
+    /// The messages, and the flags (see the module documentation).
     queue: Queue<Message>,
-    signal: CachePadded<AtomicU64>,
     /// When PARKED: the tick at which the shard wakes by itself.
     wake_tick: AtomicU64,
     parker: Parker,
@@ -127,7 +128,7 @@ pub(crate) struct Inbox {
 impl std::fmt::Debug for Inbox {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Inbox")
-            .field("signal", &self.signal.load(Ordering::Relaxed))
+            .field("flags", &self.queue.flags())
             .finish()
     }
 }
@@ -136,7 +137,6 @@ impl Inbox {
     pub(crate) fn new() -> Inbox {
         Inbox {
             queue: Queue::new(),
-            signal: CachePadded::new(AtomicU64::new(0)),
             wake_tick: AtomicU64::new(u64::MAX),
             parker: Parker::new(),
         }
@@ -150,14 +150,16 @@ impl Inbox {
     /// Pushes a message whose deadline is `deadline_tick` (`u64::MAX` for none), waking the
     /// shard if it sleeps past that deadline or sleeps long.
     pub(crate) fn push(&self, message: Message, deadline_tick: u64) -> PushOutcome {
-        self.queue.push(message);
-        let old = self.signal.fetch_add(MESSAGE_ONE, Ordering::AcqRel);
-        if old & CLOSED != 0 {
+        let taken = self.queue.push(message);
+        // Read after the message is in, with the fence of its ready bit between: Dekker with
+        // `park` and with `mark_drained`.
+        let flags = self.queue.flags();
+        if taken.flags & CLOSED != 0 {
             return PushOutcome::Closed {
-                drained: old & DRAINED != 0,
+                drained: flags & DRAINED != 0,
             };
         }
-        if (old as i64) >> MESSAGE_SHIFT >= BACKLOG_LIMIT as i64 {
+        if self.queue.behind(taken.position) >= BACKLOG_LIMIT {
             // Backpressure: the shard is this far behind (its threads may be starved by the
             // submitters themselves): wake it and give up this thread's time slice, so that
             // undrained messages, and with them memory, stay bounded.
@@ -165,8 +167,8 @@ impl Inbox {
             thread::yield_now();
             return PushOutcome::Delivered;
         }
-        if old & PARKED != 0
-            && (old & LONG != 0 || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
+        if flags & PARKED != 0
+            && (flags & LONG != 0 || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
         {
             self.wake();
         }
@@ -180,13 +182,14 @@ impl Inbox {
     /// shard nothing) until the shard wakes anyway. Reports a closed inbox like
     /// [`push`](Self::push).
     pub(crate) fn staged(&self, deadline_tick: u64, filling: bool) -> PushOutcome {
-        let old = self.signal.load(Ordering::Acquire);
-        if old & CLOSED != 0 {
+        let flags = self.queue.flags();
+        if flags & CLOSED != 0 {
             return PushOutcome::Closed {
-                drained: old & DRAINED != 0,
+                drained: flags & DRAINED != 0,
             };
         }
-        if old & PARKED != 0 && (filling || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
+        if flags & PARKED != 0
+            && (filling || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
         {
             self.wake();
         }
@@ -195,18 +198,8 @@ impl Inbox {
 
     /// Wakes the shard if it is parked.
     pub(crate) fn wake(&self) {
-        if self.signal.fetch_and(!(PARKED | LONG), Ordering::AcqRel) & PARKED != 0 {
+        if self.queue.clear_flags(PARKED | LONG) & PARKED != 0 {
             self.parker.unpark();
-        }
-    }
-
-    /// The shard popped `count` messages: take them off the count. The count may dip below
-    /// zero for a moment (a message popped before its pusher counted it); it wraps, and the
-    /// pusher's add brings it back.
-    pub(crate) fn consumed(&self, count: usize) {
-        if count > 0 {
-            self.signal
-                .fetch_sub((count as u64) << MESSAGE_SHIFT, Ordering::AcqRel);
         }
     }
 
@@ -224,9 +217,10 @@ impl Inbox {
     }
 
     /// Parks the shard until `wake_tick` (which `timeout` measures from now; `None` = no
-    /// deadline), unless messages are counted that the shard has not [`consumed`](Self::consumed),
-    /// or `staged_due(wake_tick)`, asked once the shard is marked parked, finds a staged timer
-    /// due before then (see [`stage`](super::stage)).
+    /// deadline), unless, once the shard is marked parked, a message is ready at the head of the
+    /// queue or `staged_due(wake_tick)` finds a staged timer due before then (see
+    /// [`stage`](super::stage)). A message whose submitter is still writing it does not keep
+    /// the shard up: that submitter reads PARKED after it wrote (see the module documentation).
     pub(crate) fn park(
         &self,
         wake_tick: u64,
@@ -234,66 +228,82 @@ impl Inbox {
         long: bool,
         staged_due: impl FnOnce(u64) -> bool,
     ) -> ParkOutcome {
+        // Ordered before PARKED by the Release of setting it: a submitter that reads PARKED
+        // reads this tick.
         self.wake_tick.store(wake_tick, Ordering::Relaxed);
         let flags = if long { PARKED | LONG } else { PARKED };
-        let mut current = self.signal.load(Ordering::Acquire);
-        loop {
-            if current & CLOSED != 0 {
-                return ParkOutcome::Closed;
-            }
-            if current & !FLAGS != 0 {
-                return ParkOutcome::MessagesWaiting;
-            }
-            // The fence: Dekker with a stage's producer (`staged`).
-            match crate::sync::compare_exchange_weak_then_fence(
-                &self.signal,
-                current,
-                current | flags,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => break,
-                Err(actual) => current = actual,
-            }
+        // The fence: Dekker with a submitter (`push`) and with a stage's producer (`staged`).
+        let before = self.queue.set_flags_then_fence(flags);
+        if before & CLOSED != 0 {
+            self.queue.clear_flags(PARKED | LONG);
+            return ParkOutcome::Closed;
         }
-        if staged_due(wake_tick) {
-            self.signal.fetch_and(!(PARKED | LONG), Ordering::AcqRel);
+        if self.queue.consumer().is_ready() || staged_due(wake_tick) {
+            self.queue.clear_flags(PARKED | LONG);
             return ParkOutcome::MessagesWaiting;
         }
         self.parker.park(timeout);
-        self.signal.fetch_and(!(PARKED | LONG), Ordering::AcqRel);
+        self.queue.clear_flags(PARKED | LONG);
         ParkOutcome::Woke
     }
 
     /// Shutdown step 1: no message pushed from now on counts as delivered. Wakes the shard.
     pub(crate) fn close(&self) {
-        self.set_with_fence(CLOSED);
+        self.queue.set_flags_then_fence(CLOSED);
         self.wake();
-    }
-
-    /// Sets `flag`, then a fence: Dekker with a stage's producer, which publishes its cell,
-    /// fences, then reads the signal ([`staged`](Self::staged)). Either it sees the flag, or
-    /// the shard's drain after this sees its cell.
-    fn set_with_fence(&self, flag: u64) {
-        let mut current = self.signal.load(Ordering::Relaxed);
-        while let Err(actual) = crate::sync::compare_exchange_weak_then_fence(
-            &self.signal,
-            current,
-            current | flag,
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        ) {
-            current = actual;
-        }
     }
 
     /// Whether [`close`](Self::close) was called.
     pub(crate) fn is_closed(&self) -> bool {
-        self.signal.load(Ordering::Acquire) & CLOSED != 0
+        self.queue.flags() & CLOSED != 0
     }
 
     /// Shutdown step 2, after the shard's drain: late pushers clean up after themselves.
     pub(crate) fn mark_drained(&self) {
-        self.set_with_fence(DRAINED);
+        self.queue.set_flags_then_fence(DRAINED);
+    }
+}
+
+/// An inbox for the loom model of its parking protocol (a consumer that parks, producers that
+/// must wake it). Not part of the API.
+#[cfg(shardwheel_loom)]
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct InboxHook(Inbox);
+
+#[cfg(shardwheel_loom)]
+impl Default for InboxHook {
+    fn default() -> InboxHook {
+        InboxHook(Inbox::new())
+    }
+}
+
+#[cfg(shardwheel_loom)]
+impl InboxHook {
+    /// Consumer, once, before it first parks: [`Inbox::register_current_thread`].
+    pub fn register_current_thread(&self) {
+        self.0.register_current_thread();
+    }
+
+    /// Producer: pushes a message due at tick `deadline_tick` ([`Inbox::push`]); true iff
+    /// delivered.
+    pub fn push(&self, deadline_tick: u64) -> bool {
+        let message = Message::Cancel {
+            index: 0,
+            generation: 0,
+        };
+        self.0.push(message, deadline_tick) == PushOutcome::Delivered
+    }
+
+    /// Consumer: pops every message ready; returns how many.
+    pub fn drain(&self) -> usize {
+        let mut messages = self.0.messages();
+        std::iter::from_fn(|| messages.pop()).count()
+    }
+
+    /// Consumer: parks until tick `wake_tick` (loom has no timeouts: until woken) unless a
+    /// message is ready ([`Inbox::park`], short); true iff it parked.
+    pub fn park(&self, wake_tick: u64) -> bool {
+        self.0.park(wake_tick, None, false, |_| false) == ParkOutcome::Woke
     }
 }

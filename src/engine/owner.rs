@@ -491,7 +491,6 @@ impl ShardOwner {
         let shared = owner.shared.clone();
         let clock = &shared.clock;
         let messages = owner.drain_inbox(handoff);
-        shared.inbox.consumed(messages);
         let drained = messages.max(owner.drain_stages(handoff, false));
         let spill_every = if spill {
             dispatch.spill_every()

@@ -14,6 +14,17 @@
 //! later cells are ready; [`Consumer::pop_through`] waits for it instead (shutdown's last
 //! drain must not leave a delivered message behind).
 //!
+//! # The tail word
+//!
+//! `tail` counts positions above its low [`FLAG_BITS`] bits, which belong to the queue's user
+//! (the inbox keeps its flags there: `inbox.rs`). So the read-modify-write that takes a
+//! position also reads the flags, and a flag set with a read-modify-write of its own is ordered
+//! against every position taken: those taken before it are exactly the positions counted in
+//! the word it changed. Flags change only by `fetch_or` and `fetch_and`, which never fail, so
+//! producers taking positions never make a flag's writer retry. The ready bit is set with a
+//! fence after it ([`Queue::push`]), for the user's protocols that read the flags again once
+//! the value is in (Dekker: see the inbox's parking).
+//!
 //! Blocks of [`CAPACITY`] cells form a list, oldest first. `tail_block` is a hint for
 //! producers: a block at or before the one holding the next position. A producer walks from it
 //! along `next` to its own block, appending one where the list ends. A producer that walks
@@ -46,7 +57,9 @@
 //! | the consumer (holds the lock) | cells from `head` on whose bit it saw set; blocks it hands back, every field, until it appends them |
 
 use crate::sync::{AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, UnsafeCell};
-use crate::sync::{compare_exchange_ptr_then_fence, fetch_add_then_fence, lock};
+use crate::sync::{
+    compare_exchange_ptr_then_fence, fetch_add_then_fence, fetch_or_then_fence, lock,
+};
 use crossbeam_utils::CachePadded;
 use std::mem::MaybeUninit;
 use std::ptr;
@@ -57,6 +70,14 @@ const CAPACITY: u64 = 64;
 /// Small under loom, so that a model fills, releases and hands back blocks.
 #[cfg(shardwheel_loom)]
 const CAPACITY: u64 = 2;
+
+/// Low bits of the tail word that belong to the queue's user, not to positions (see "The tail
+/// word").
+pub(crate) const FLAG_BITS: u32 = 4;
+/// The user's bits of the tail word.
+pub(crate) const FLAGS: u64 = (1 << FLAG_BITS) - 1;
+/// One position in the tail word.
+const POSITION_ONE: u64 = 1 << FLAG_BITS;
 
 /// `ready` when every cell of a block is written.
 const ALL_READY: u64 = u64::MAX >> (64 - CAPACITY);
@@ -92,8 +113,8 @@ impl<T> Block<T> {
 
 /// What the producers share: one cache line.
 struct Tail<T> {
-    /// The next position to take.
-    position: AtomicU64,
+    /// The next position to take, above the user's flags (see "The tail word").
+    word: AtomicU64,
     /// The hint: a block at or before the one holding `position`.
     block: AtomicPtr<Block<T>>,
 }
@@ -117,6 +138,17 @@ struct Head<T> {
 pub(crate) struct Queue<T> {
     tail: CachePadded<Tail<T>>,
     head: Mutex<Head<T>>,
+    /// The consumer's `head` position as of its last drain: how far behind producers are.
+    consumed: CachePadded<AtomicU64>,
+}
+
+/// What a [`Queue::push`] took.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Taken {
+    /// The value's position.
+    pub(crate) position: u64,
+    /// The user's flags as the position was taken.
+    pub(crate) flags: u64,
 }
 
 // SAFETY: values move from producers to the consumer, so `T: Send` suffices; every block is
@@ -130,7 +162,7 @@ unsafe impl<T: Send> Send for Head<T> {}
 impl<T> std::fmt::Debug for Queue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Queue")
-            .field("tail", &self.tail.position.load(Ordering::Relaxed))
+            .field("tail", &self.tail.word.load(Ordering::Relaxed))
             .finish_non_exhaustive()
     }
 }
@@ -146,7 +178,7 @@ impl<T> Queue<T> {
         let first = Block::allocate(0);
         Queue {
             tail: CachePadded::new(Tail {
-                position: AtomicU64::new(0),
+                word: AtomicU64::new(0),
                 block: AtomicPtr::new(first),
             }),
             head: Mutex::new(Head {
@@ -156,12 +188,15 @@ impl<T> Queue<T> {
                 ready: 0,
                 oldest: first,
             }),
+            consumed: CachePadded::new(AtomicU64::new(0)),
         }
     }
 
-    /// Appends `value`. Never blocks.
-    pub(crate) fn push(&self, value: T) {
-        let position = fetch_add_then_fence(&self.tail.position, 1, Ordering::AcqRel);
+    /// Appends `value`, then fences (see "The tail word"); returns its position and the flags
+    /// as it was taken. Never blocks.
+    pub(crate) fn push(&self, value: T) -> Taken {
+        let word = fetch_add_then_fence(&self.tail.word, POSITION_ONE, Ordering::AcqRel);
+        let position = word >> FLAG_BITS;
         let block = self.find_block(position);
         let bit = 1 << (position % CAPACITY);
         // SAFETY: the block holds `position`, which this thread took, so no other thread
@@ -178,7 +213,11 @@ impl<T> Queue<T> {
             {
                 crate::prefetch::for_write(ahead);
             }
-            (*block).ready.fetch_or(bit, Ordering::Release);
+            fetch_or_then_fence(&(*block).ready, bit, Ordering::Release);
+        }
+        Taken {
+            position,
+            flags: word & FLAGS,
         }
     }
 
@@ -212,7 +251,7 @@ impl<T> Queue<T> {
                     Ordering::Relaxed,
                 ) {
                     Ok(_) => {
-                        let tail = self.tail.position.load(Ordering::Acquire);
+                        let tail = self.positions_taken();
                         block.released_at.store(tail, Ordering::Release);
                     }
                     Err(_) => may_release = false,
@@ -263,7 +302,8 @@ impl<T> Queue<T> {
                 continue;
             }
             let start = last.start.load(Ordering::Relaxed) + CAPACITY;
-            if start > self.tail.position.load(Ordering::Relaxed) + SPARE_BLOCKS * CAPACITY {
+            let tail = self.tail.word.load(Ordering::Relaxed) >> FLAG_BITS;
+            if start > tail + SPARE_BLOCKS * CAPACITY {
                 // SAFETY: the caller owns `block`, allocated by `Block::allocate`.
                 drop(unsafe { Box::from_raw(block) });
                 return;
@@ -284,7 +324,29 @@ impl<T> Queue<T> {
     /// How many positions producers have taken so far. A push that took one finishes its
     /// write without waiting for any other thread.
     pub(crate) fn positions_taken(&self) -> u64 {
-        self.tail.position.load(Ordering::Acquire)
+        self.tail.word.load(Ordering::Acquire) >> FLAG_BITS
+    }
+
+    /// The user's flags (see "The tail word").
+    pub(crate) fn flags(&self) -> u64 {
+        self.tail.word.load(Ordering::Acquire) & FLAGS
+    }
+
+    /// Sets `flags` (of [`FLAGS`]), then fences; returns the flags before.
+    pub(crate) fn set_flags_then_fence(&self, flags: u64) -> u64 {
+        debug_assert_eq!(flags & !FLAGS, 0, "not a flag: {flags:#x}");
+        fetch_or_then_fence(&self.tail.word, flags, Ordering::AcqRel) & FLAGS
+    }
+
+    /// Clears `flags` (of [`FLAGS`]); returns the flags before.
+    pub(crate) fn clear_flags(&self, flags: u64) -> u64 {
+        debug_assert_eq!(flags & !FLAGS, 0, "not a flag: {flags:#x}");
+        self.tail.word.fetch_and(!flags, Ordering::AcqRel) & FLAGS
+    }
+
+    /// How many positions below `position` the consumer had not read as of its last drain.
+    pub(crate) fn behind(&self, position: u64) -> u64 {
+        position.saturating_sub(self.consumed.load(Ordering::Relaxed))
     }
 
     /// Takes the consumer's role until the returned value is dropped.
@@ -297,9 +359,9 @@ impl<T> Queue<T> {
 }
 
 impl<T> Consumer<'_, T> {
-    /// The value at the head, if its producer has written it; `None` when the queue is empty
-    /// or the producer of the head's position is still writing.
-    pub(crate) fn pop(&mut self) -> Option<T> {
+    /// The offset in `head.block` of the head's cell if its producer has written it (moving
+    /// `head` on to the next block first if it is at the end of its own).
+    fn ready_offset(&mut self) -> Option<u64> {
         let head = &mut *self.head;
         let mut offset = head.position - head.block_start;
         if offset == CAPACITY {
@@ -321,6 +383,19 @@ impl<T> Consumer<'_, T> {
                 return None;
             }
         }
+        Some(offset)
+    }
+
+    /// Whether [`pop`](Self::pop) would return a value now.
+    pub(crate) fn is_ready(&mut self) -> bool {
+        self.ready_offset().is_some()
+    }
+
+    /// The value at the head, if its producer has written it; `None` when the queue is empty
+    /// or the producer of the head's position is still writing.
+    pub(crate) fn pop(&mut self) -> Option<T> {
+        let offset = self.ready_offset()?;
+        let head = &mut *self.head;
         head.position += 1;
         // SAFETY: the cell's bit was set (Release) after its producer wrote it, and loaded
         // (Acquire) above or before; each position is read once, so the value is moved out
@@ -361,9 +436,11 @@ fn wait_a_little(spins: &mut u32) {
 }
 
 impl<T> Drop for Consumer<'_, T> {
-    /// Hands back the blocks read through that no producer can reach any more.
+    /// Records how far the consumer got, and hands back the blocks read through that no
+    /// producer can reach any more.
     fn drop(&mut self) {
         let head = &mut *self.head;
+        self.queue.consumed.store(head.position, Ordering::Relaxed);
         while head.oldest != head.block {
             // SAFETY: `oldest` is in the list, before `block`.
             let oldest = unsafe { &*head.oldest };
@@ -415,7 +492,7 @@ impl Default for QueueHook {
 impl QueueHook {
     /// [`Queue::push`].
     pub fn push(&self, value: u64) {
-        self.0.push(value);
+        let _ = self.0.push(value);
     }
     /// Pops, as one consumer, every value ready at the head.
     pub fn pop_ready(&self) -> Vec<u64> {

@@ -39,8 +39,8 @@
 //! # Waking the shard
 //!
 //! The producer publishes `tail` with a read-modify-write and a fence, then reads the inbox's
-//! signal word ([`Inbox::staged`](super::inbox::Inbox::staged)); the owner, before it sleeps,
-//! sets `PARKED` with a compare-and-swap and a fence, then looks at every stage's tail
+//! flags ([`Inbox::staged`](super::inbox::Inbox::staged)); the owner, before it sleeps,
+//! sets `PARKED` with a read-modify-write and a fence, then looks at every stage's tail
 //! ([`StageList::due_before`]). Dekker's argument: either the owner sees the new cell (and does
 //! not sleep past its deadline), or the producer sees the owner parked, and wakes it if the
 //! timer is due before the owner's wake-up tick or if the stage is filling up (`filling` is
@@ -63,7 +63,7 @@
 //!
 //! # Shutdown
 //!
-//! A producer whose signal read finds the inbox closed settles its timer on the slot's word,
+//! A producer whose read of the flags finds the inbox closed settles its timer on the slot's word,
 //! as an inbox push does (`ShardShared::submit`). The owner drains the stages before and after
 //! it marks the inbox `DRAINED`; a producer that sees `DRAINED` drains its own stage, under
 //! `consuming`, so every cell is consumed by exactly one thread.

@@ -232,7 +232,8 @@ fn turns(slot: &mut Option<ShardOwner>, handoff: &mut Handoff, dispatch: &Dispat
             .park(wake, clock.until_tick(wake), long, staged_due)
         {
             ParkOutcome::Closed => return,
-            // Counted but not in the queue yet: its pusher is between push and count.
+            // Nothing drained, yet something waits: a stage whose consumer role its producer
+            // holds (reaping), or a message that arrived since the drain. Let the holder go on.
             ParkOutcome::MessagesWaiting if drained == 0 => thread::yield_now(),
             ParkOutcome::MessagesWaiting | ParkOutcome::Woke => {}
         }
