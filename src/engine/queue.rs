@@ -161,8 +161,10 @@ unsafe impl<T: Send> Send for Head<T> {}
 
 impl<T> std::fmt::Debug for Queue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let word = self.tail.word.load(Ordering::Relaxed);
         f.debug_struct("Queue")
-            .field("tail", &self.tail.word.load(Ordering::Relaxed))
+            .field("positions_taken", &(word >> FLAG_BITS))
+            .field("flags", &(word & FLAGS))
             .finish_non_exhaustive()
     }
 }
