@@ -28,8 +28,8 @@
 //!    The caller gets a [`TimerHandle`](crate::TimerHandle): slot index plus generation
 //!    (`src/engine/handle.rs`).
 //! 3. **Delivered** (owner). The inbox (`src/engine/inbox.rs`) is a lock-free queue whose tail
-//!    word carries a few flags, which is also how a parked shard is woken without ever losing a wake-up
-//!    (the argument is in that file; stages join it by Dekker's protocol, argued in
+//!    word carries a few flags, which are also how a parked shard is woken without ever losing
+//!    a wake-up (the argument is in that file; stages join it by Dekker's protocol, argued in
 //!    `src/engine/stage.rs`). The owner drains it and the stages in its turn, adopts each
 //!    staged timer (or drops the task of one cancelled while staged), checks each message
 //!    against the slot's generation and state (a stale message is dropped, never assumed

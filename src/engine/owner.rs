@@ -23,19 +23,13 @@ pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
 /// timer's wheel links, and its task. Every wheel operation walks links, its neighbours' too,
 /// while only storing, firing and dropping a timer touch its task: kept apart, the links of
 /// four times as many timers share the cache.
+#[derive(Default)]
 struct Entries {
     links: Vec<Links>,
     tasks: Vec<Option<Task>>,
 }
 
 impl Entries {
-    const fn new() -> Entries {
-        Entries {
-            links: Vec::new(),
-            tasks: Vec::new(),
-        }
-    }
-
     /// Entries held, stored or vacant (the highest slot index seen, plus one).
     fn len(&self) -> usize {
         self.links.len()
@@ -67,11 +61,6 @@ impl Entries {
     /// Whether entry `index` holds nothing: no task, no place in the wheel.
     fn is_vacant(&self, index: u32) -> bool {
         !self.has_task(index) && !self.is_linked(index)
-    }
-
-    /// Takes the table, leaving an empty one.
-    fn take(&mut self) -> Entries {
-        std::mem::replace(self, Entries::new())
     }
 }
 
@@ -154,7 +143,7 @@ impl ShardOwner {
         ShardOwner {
             shared,
             wheel: RawWheel::new(levels),
-            entries: Entries::new(),
+            entries: Entries::default(),
             live: 0,
             reclaim: IdleReclaim::new(),
             stages: StageList::default(),
@@ -440,7 +429,7 @@ impl ShardOwner {
             &self.shared.clock,
             || {
                 debug_assert!(wheel.len() == 0, "wheel holds entries while none is live");
-                *entries = Entries::new();
+                *entries = Entries::default();
                 wheel.reclaim_memory();
             },
         );
@@ -596,7 +585,7 @@ impl Drop for ShardOwner {
     /// Tasks still stored (only when a failed shard's owner goes without `close`, or a test
     /// drops an owner) are user code: dropped contained, after the entry table left the owner.
     fn drop(&mut self) {
-        let entries = self.entries.take();
+        let entries = std::mem::take(&mut self.entries);
         for task in entries.tasks.into_iter().flatten() {
             drop_contained(&self.shared.counters, task);
         }
