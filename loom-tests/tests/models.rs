@@ -163,9 +163,10 @@ fn submit_wakes_parking_shard() {
 
 /// Model 2 (b): the inbox's own side of model 2, which goes through stages (closure timers
 /// take them under loom): a consumer that drains, then parks until a far tick, against two
-/// producers pushing messages due at once. Each message is seen by a drain before the park,
-/// or its producer, reading the flags after its message is in, finds the consumer parked
-/// and wakes it. A lost wake-up shows as a deadlock.
+/// producers pushing messages due at once. Each message either took its position before the
+/// consumer set PARKED, and the consumer, which counts it, finds it urgent (or still being
+/// written) and stays up; or its producer's take saw PARKED, and it wakes the consumer once
+/// its message is in. A lost wake-up shows as a deadlock.
 #[test]
 fn inbox_push_wakes_parked_consumer() {
     model(|| {

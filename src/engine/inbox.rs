@@ -12,19 +12,32 @@
 //!
 //! They live in the queue's tail word (see "The tail word" in `queue.rs`), so the one
 //! read-modify-write that takes a message's position also reads them: a push costs no second
-//! shared line. A submitter takes its position, writes its message, sets its ready bit with a
-//! fence, **then** reads the flags again. The shard sets PARKED with a fence, **then** looks
-//! for a message ready at the head of the queue, and parks only if there is none. Dekker's
-//! argument: either the shard sees the message (and drains instead), or the submitter sees
-//! PARKED and decides whether to wake it. No wake-up is lost; see `loom-tests/` for the models.
+//! shared line and no second locked instruction. Both sides decide on that one word:
 //!
-//! | shard parked with | a message wakes it when                          | a staged timer wakes it when |
+//! * a submitter takes its position and the flags in one read-modify-write, writes its
+//!   message, then wakes the shard if the flags said PARKED and the message is *urgent*;
+//! * the shard sets PARKED in one read-modify-write, which also returns how many positions were
+//!   taken before it. Those it has not read yet were pushed by submitters who saw no PARKED
+//!   and will not wake it: it looks at them in the queue, without taking them
+//!   ([`Consumer::any_through`](super::queue::Consumer::any_through)), and parks only if none
+//!   is urgent. One still being written (its submitter mid-push) it waits for a few spins,
+//!   then stays up for (yielding: the submitter may have been preempted).
+//!
+//! The two read-modify-writes are ordered: either the submitter's came first, and the shard
+//! counts its position and looks at its message, or it came second and saw PARKED. Either way
+//! the same rule decides, on the same wake-up tick (stored before PARKED is set). No wake-up is
+//! lost; see `loom-tests/` for the models.
+//!
+//! | shard parked with | a message is urgent                              | a staged timer wakes it when |
 //! |-------------------|--------------------------------------------------|------------------------------|
 //! | `LONG`            | always (the shard will not look again for long)  | its deadline is before the shard's wake-up tick, or its stage is filling up |
-//! | not `LONG`        | its deadline is before the shard's wake-up tick  | the same |
+//! | not `LONG`        | when its [deadline](Message::deadline_tick) is before the shard's wake-up tick | the same |
 //!
 //! A shard parks "short" (at most [`DRAIN_INTERVAL`]) right after it processed messages, so a
-//! busy inbox costs one wake-up per interval, not one per message, and an idle engine none.
+//! busy inbox costs one wake-up per interval, not one per message, and an idle engine none. A
+//! short park may leave messages that are not urgent in the queue (a cancel never is): the
+//! shard applies them when it wakes, in a batch, instead of reading each one right behind the
+//! submitter writing the next.
 //!
 //! The timers of `Sleep`s come through [stages](super::stage) instead: their producers read the
 //! flags after publishing, with a fence (see [`Inbox::staged`]), and the shard looks at the
@@ -36,7 +49,8 @@
 //! includes it, and its drain waits for every one of those to be written, so no delivered
 //! message is left behind one still being written. A submitter whose take read CLOSED settles the race on the timer's own
 //! state word (see `ShardShared::submit`). After its last drain the shard sets DRAINED; from
-//! then on late submitters, who read the flags again after writing, empty the queue
+//! then on late submitters, who read the flags again after writing (with a read-modify-write:
+//! see [`Queue::flags_after_push`](super::queue::Queue::flags_after_push)), empty the queue
 //! themselves.
 
 use super::message::Message;
@@ -51,6 +65,14 @@ const DRAINED: u64 = 1 << 3;
 const _: () = assert!((PARKED | LONG | CLOSED | DRAINED) & !FLAGS == 0);
 /// Undrained messages past which submitters yield to the shard.
 const BACKLOG_LIMIT: u64 = 64 * 1024;
+/// Messages a parking shard looks through for one it must not sleep past (more: it drains).
+const LOOK_LIMIT: u64 = 256;
+/// How many times a parking shard looks again at a message still being written before it
+/// stays up for it instead (its submitter may have been preempted).
+#[cfg(not(shardwheel_loom))]
+const WRITE_WAIT_SPINS: u32 = 32;
+#[cfg(shardwheel_loom)]
+const WRITE_WAIT_SPINS: u32 = 1;
 
 /// How long a shard that just processed messages sleeps at most before looking again: also
 /// how long a timer may wait in a [stage](super::stage) (and be cancelled there for free).
@@ -147,16 +169,17 @@ impl Inbox {
         let _ = self.parker.thread.set(thread::current());
     }
 
-    /// Pushes a message whose deadline is `deadline_tick` (`u64::MAX` for none), waking the
-    /// shard if it sleeps past that deadline or sleeps long.
+    /// Pushes a message whose [deadline](Message::deadline_tick) is `deadline_tick` (passed
+    /// in: the caller has it at hand), waking the shard if it sleeps past that deadline or
+    /// sleeps long.
     pub(crate) fn push(&self, message: Message, deadline_tick: u64) -> PushOutcome {
+        debug_assert_eq!(deadline_tick, message.deadline_tick());
         let taken = self.queue.push(message);
-        // Read after the message is in, with the fence of its ready bit between: Dekker with
-        // `park` and with `mark_drained`.
-        let flags = self.queue.flags();
         if taken.flags & CLOSED != 0 {
+            // Read once the message is in: either `mark_drained` came first, or the shard's
+            // drain after it finds this message.
             return PushOutcome::Closed {
-                drained: flags & DRAINED != 0,
+                drained: self.queue.flags_after_push() & DRAINED != 0,
             };
         }
         if self.queue.behind(taken.position) >= BACKLOG_LIMIT {
@@ -167,6 +190,9 @@ impl Inbox {
             thread::yield_now();
             return PushOutcome::Delivered;
         }
+        // PARKED as the position was taken: a shard that parks later counts this position,
+        // and stays up until it has read it (`park`).
+        let flags = taken.flags;
         if flags & PARKED != 0
             && (flags & LONG != 0 || deadline_tick < self.wake_tick.load(Ordering::Relaxed))
         {
@@ -217,10 +243,11 @@ impl Inbox {
     }
 
     /// Parks the shard until `wake_tick` (which `timeout` measures from now; `None` = no
-    /// deadline), unless, once the shard is marked parked, a message is ready at the head of the
-    /// queue or `staged_due(wake_tick)` finds a staged timer due before then (see
-    /// [`stage`](super::stage)). A message whose submitter is still writing it does not keep
-    /// the shard up: that submitter reads PARKED after it wrote (see the module documentation).
+    /// deadline), unless, once the shard is marked parked, a message it has not read must keep
+    /// it up (urgent, or still being written: see the module documentation), or
+    /// `staged_due(wake_tick)` finds a staged timer due before then (see
+    /// [`stage`](super::stage)). [`ParkOutcome::MessagesWaiting`] then: the caller drains, and
+    /// yields if it found nothing (a submitter is still writing).
     pub(crate) fn park(
         &self,
         wake_tick: u64,
@@ -234,17 +261,42 @@ impl Inbox {
         let flags = if long { PARKED | LONG } else { PARKED };
         // The fence: Dekker with a submitter (`push`) and with a stage's producer (`staged`).
         let before = self.queue.set_flags_then_fence(flags);
-        if before & CLOSED != 0 {
+        if before.flags & CLOSED != 0 {
             self.queue.clear_flags(PARKED | LONG);
             return ParkOutcome::Closed;
         }
-        if self.queue.consumer().is_ready() || staged_due(wake_tick) {
+        if self.must_stay_up(before.position, wake_tick, long) || staged_due(wake_tick) {
             self.queue.clear_flags(PARKED | LONG);
             return ParkOutcome::MessagesWaiting;
         }
         self.parker.park(timeout);
         self.queue.clear_flags(PARKED | LONG);
         ParkOutcome::Woke
+    }
+
+    /// Whether a message pushed before PARKED was set (its position below `taken`, its
+    /// submitter not told to wake the shard) keeps the shard from parking until `wake_tick`:
+    /// any, when it parks long; else one due before `wake_tick`, or one still being written.
+    fn must_stay_up(&self, taken: u64, wake_tick: u64, long: bool) -> bool {
+        let consumer = self.queue.consumer();
+        let unread = taken.saturating_sub(consumer.position());
+        if unread == 0 {
+            return false;
+        }
+        if long || unread > LOOK_LIMIT {
+            return true;
+        }
+        // A submitter still writing is a few instructions from done, unless preempted.
+        for _ in 0..WRITE_WAIT_SPINS {
+            if let Some(urgent) =
+                consumer.any_through(taken, |message| message.deadline_tick() < wake_tick)
+            {
+                return urgent;
+            }
+            #[cfg(not(shardwheel_loom))]
+            std::hint::spin_loop();
+        }
+        true
     }
 
     /// Shutdown step 1: no message pushed from now on counts as delivered. Wakes the shard.
@@ -288,9 +340,10 @@ impl InboxHook {
     /// Producer: pushes a message due at tick `deadline_tick` ([`Inbox::push`]); true iff
     /// delivered.
     pub fn push(&self, deadline_tick: u64) -> bool {
-        let message = Message::Cancel {
+        let message = Message::Relocate {
             index: 0,
             generation: 0,
+            deadline: deadline_tick,
         };
         self.0.push(message, deadline_tick) == PushOutcome::Delivered
     }
@@ -302,8 +355,13 @@ impl InboxHook {
     }
 
     /// Consumer: parks until tick `wake_tick` (loom has no timeouts: until woken) unless a
-    /// message is ready ([`Inbox::park`], short); true iff it parked.
+    /// message is waiting ([`Inbox::park`], short); true iff it parked. Yields when it did not
+    /// (as the shard's worker does when its drain found nothing).
     pub fn park(&self, wake_tick: u64) -> bool {
-        self.0.park(wake_tick, None, false, |_| false) == ParkOutcome::Woke
+        let parked = self.0.park(wake_tick, None, false, |_| false) == ParkOutcome::Woke;
+        if !parked {
+            thread::yield_now();
+        }
+        parked
     }
 }

@@ -32,6 +32,9 @@ pub(crate) enum Message {
         index: u32,
         /// Generation of the timer: the slot may have been reused since.
         generation: u32,
+        /// The deadline tick the reset set (the slot's may have moved again since): only
+        /// for deciding whether the message must wake the shard.
+        deadline: u64,
     },
     /// Move the repeating timer in slot `index` to `deadline` (one reset counted in its state
     /// word).
@@ -54,4 +57,18 @@ pub(crate) enum Message {
         /// The task, back from its run.
         task: Option<Task>,
     },
+}
+
+impl Message {
+    /// The tick by which the shard must have applied this message (`u64::MAX`: no hurry),
+    /// which decides whether it must wake a parked shard (see `inbox.rs`).
+    pub(crate) fn deadline_tick(&self) -> u64 {
+        match self {
+            Message::Schedule { deadline, .. }
+            | Message::Relocate { deadline, .. }
+            | Message::Reset { deadline, .. }
+            | Message::Rearm { deadline, .. } => *deadline,
+            Message::Cancel { .. } => u64::MAX,
+        }
+    }
 }

@@ -258,7 +258,9 @@ impl ShardOwner {
                     self.shared.slots.let_go_into(index, &mut self.freed);
                 }
             }
-            Message::Relocate { index, generation } => {
+            Message::Relocate {
+                index, generation, ..
+            } => {
                 let slots = &self.shared.slots;
                 if self.entries.is_linked(index) && slots.is_pending(index, generation) {
                     let deadline = slots.deadline(index);

@@ -4,15 +4,17 @@
 //! # How it works
 //!
 //! One counter, `tail`, hands out positions 0, 1, 2, ...: a producer takes the next with one
-//! read-modify-write, finds the block that holds it, writes its value into that cell and sets
-//! the cell's bit in the block's `ready` word (a second read-modify-write). The consumer keeps
+//! read-modify-write (a push's only one), finds the block that holds it, writes its value into
+//! that cell and then sets the cell's `ready` flag with a plain store. The consumer keeps
 //! `head` to itself: one consumer at a time, under a lock it takes once per drain
-//! ([`Queue::consumer`]), not once per message. It reads a cell once the cell's bit is set,
-//! loading `ready` again only when the bits it loaded last do not cover the cell. So a pop
-//! writes nothing that a producer reads, and a push allocates nothing while blocks come back.
+//! ([`Queue::consumer`]), not once per message. It reads a cell once the cell's flag is set.
+//! So a pop writes nothing that a producer reads, and a push allocates nothing while blocks
+//! come back. A block's flags sit together, apart from its values: the consumer polls the
+//! flags, and reads a value's line once, to take it (or to look at it: below).
 //! A pop finds nothing while the producer of the head's position is still writing, even if
 //! later cells are ready; [`Consumer::pop_through`] waits for it instead (shutdown's last
-//! drain must not leave a delivered message behind).
+//! drain must not leave a delivered message behind). [`Consumer::any_through`] looks at
+//! values without taking them (a parking inbox looks for an urgent one).
 //!
 //! # The tail word
 //!
@@ -20,16 +22,18 @@
 //! (the inbox keeps its flags there: `inbox.rs`). So the read-modify-write that takes a
 //! position also reads the flags, and a flag set with a read-modify-write of its own is ordered
 //! against every position taken: those taken before it are exactly the positions counted in
-//! the word it changed. Flags change only by `fetch_or` and `fetch_and`, which never fail, so
-//! producers taking positions never make a flag's writer retry. The ready bit is set with a
-//! fence after it ([`Queue::push`]), for the user's protocols that read the flags again once
-//! the value is in (Dekker: see the inbox's parking).
+//! the word it changed ([`Queue::set_flags_then_fence`] returns that count). Flags change only
+//! by `fetch_or` and `fetch_and`, which never fail, so producers taking positions never make a
+//! flag's writer retry. A producer that must know the flags as they are once its value is in
+//! reads them with a read-modify-write of the word ([`Queue::flags_after_push`]), which a
+//! flag's writer is ordered against in the same way.
 //!
 //! Blocks of [`CAPACITY`] cells form a list, oldest first. `tail_block` is a hint for
 //! producers: a block at or before the one holding the next position. A producer walks from it
 //! along `next` to its own block, appending one where the list ends. A producer that walks
-//! past a block whose every cell is ready moves the hint past it (a compare-and-swap), then
-//! reads `tail` and records it in the block as `released_at`.
+//! past a block whose every cell is ready (all its positions taken, and every producer of one
+//! done with the block) moves the hint past it (a compare-and-swap), then reads `tail` and
+//! records it in the block as `released_at`.
 //!
 //! # Handing blocks back
 //!
@@ -53,10 +57,10 @@
 //!
 //! | who | may touch |
 //! |-----|-----------|
-//! | a producer | the cell of the position it took; `next` of a block it walks to whose `next` is null (appending); the hint and `released_at` of a block it moved the hint past |
-//! | the consumer (holds the lock) | cells from `head` on whose bit it saw set; blocks it hands back, every field, until it appends them |
+//! | a producer | the cell of the position it took, and its flag; `next` of a block it walks to whose `next` is null (appending); the hint and `released_at` of a block it moved the hint past |
+//! | the consumer (holds the lock) | cells from `head` on whose flag it saw set; blocks it hands back, every field, until it appends them |
 
-use crate::sync::{AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, UnsafeCell};
+use crate::sync::{AtomicBool, AtomicPtr, AtomicU64, Mutex, MutexGuard, Ordering, UnsafeCell};
 use crate::sync::{
     compare_exchange_ptr_then_fence, fetch_add_then_fence, fetch_or_then_fence, lock,
 };
@@ -79,9 +83,6 @@ pub(crate) const FLAGS: u64 = (1 << FLAG_BITS) - 1;
 /// One position in the tail word.
 const POSITION_ONE: u64 = 1 << FLAG_BITS;
 
-/// `ready` when every cell of a block is written.
-const ALL_READY: u64 = u64::MAX >> (64 - CAPACITY);
-
 /// How many cells ahead of its own a producer takes the line of for writing.
 const WRITE_AHEAD: u64 = 4;
 
@@ -92,10 +93,10 @@ struct Block<T> {
     /// Position of the first cell. Written only while no other thread can reach the block.
     start: AtomicU64,
     next: AtomicPtr<Block<T>>,
-    /// Bit `i`: cell `i` is written.
-    ready: AtomicU64,
     /// 0 until the hint moved past the block; then `tail` as read right after (never 0).
     released_at: AtomicU64,
+    /// `ready[i]`: cell `i` is written.
+    ready: [AtomicBool; CAPACITY as usize],
     cells: [UnsafeCell<MaybeUninit<T>>; CAPACITY as usize],
 }
 
@@ -104,10 +105,15 @@ impl<T> Block<T> {
         Box::into_raw(Box::new(Block {
             start: AtomicU64::new(start),
             next: AtomicPtr::new(ptr::null_mut()),
-            ready: AtomicU64::new(0),
             released_at: AtomicU64::new(0),
+            ready: std::array::from_fn(|_| AtomicBool::new(false)),
             cells: std::array::from_fn(|_| UnsafeCell::new(MaybeUninit::uninit())),
         }))
+    }
+
+    /// Whether every cell is written.
+    fn all_ready(&self) -> bool {
+        self.ready.iter().all(|ready| ready.load(Ordering::Acquire))
     }
 }
 
@@ -127,8 +133,6 @@ struct Head<T> {
     block: *mut Block<T>,
     /// `block`'s first position.
     block_start: u64,
-    /// `block`'s `ready` as last loaded.
-    ready: u64,
     /// The oldest block not handed back yet; those before `block` are read through.
     oldest: *mut Block<T>,
 }
@@ -142,13 +146,23 @@ pub(crate) struct Queue<T> {
     consumed: CachePadded<AtomicU64>,
 }
 
-/// What a [`Queue::push`] took.
+/// The tail word as a read-modify-write found it: what a [`Queue::push`] took, or what
+/// [`Queue::set_flags_then_fence`] changed.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Taken {
-    /// The value's position.
+    /// The positions taken before: for a push, its value's position.
     pub(crate) position: u64,
-    /// The user's flags as the position was taken.
+    /// The user's flags before.
     pub(crate) flags: u64,
+}
+
+impl Taken {
+    fn of(word: u64) -> Taken {
+        Taken {
+            position: word >> FLAG_BITS,
+            flags: word & FLAGS,
+        }
+    }
 }
 
 // SAFETY: values move from producers to the consumer, so `T: Send` suffices; every block is
@@ -187,40 +201,43 @@ impl<T> Queue<T> {
                 position: 0,
                 block: first,
                 block_start: 0,
-                ready: 0,
                 oldest: first,
             }),
             consumed: CachePadded::new(AtomicU64::new(0)),
         }
     }
 
-    /// Appends `value`, then fences (see "The tail word"); returns its position and the flags
-    /// as it was taken. Never blocks.
+    /// Appends `value`; returns its position and the flags as it was taken. Never blocks.
     pub(crate) fn push(&self, value: T) -> Taken {
-        let word = fetch_add_then_fence(&self.tail.word, POSITION_ONE, Ordering::AcqRel);
-        let position = word >> FLAG_BITS;
-        let block = self.find_block(position);
-        let bit = 1 << (position % CAPACITY);
+        // The fence: Dekker with a producer moving the hint (`find_block`).
+        let taken = Taken::of(fetch_add_then_fence(
+            &self.tail.word,
+            POSITION_ONE,
+            Ordering::AcqRel,
+        ));
+        let block = self.find_block(taken.position);
+        let offset = (taken.position % CAPACITY) as usize;
         // SAFETY: the block holds `position`, which this thread took, so no other thread
-        // writes the cell, and the consumer reads it only once its bit is set (below); the
+        // writes the cell, and the consumer reads it only once its flag is set (below); the
         // block is not handed back before that read (module documentation).
         unsafe {
-            (*block).cells[(position % CAPACITY) as usize].with_mut(|cell| (*cell).write(value));
-            // Take a later cell's line for writing now, so that the `fetch_or` below, which
-            // waits for this thread's earlier writes, does not wait for that line's transfer
-            // from the consumer's CPU (see `crate::prefetch`). Within this block only.
-            if let Some(ahead) = (*block)
-                .cells
-                .get((position % CAPACITY + WRITE_AHEAD) as usize)
-            {
+            (*block).cells[offset].with_mut(|cell| (*cell).write(value));
+            // Take a later cell's line for writing now, so that the next locked instruction,
+            // which waits for this thread's earlier writes, does not wait for that line's
+            // transfer from the consumer's CPU (see `crate::prefetch`). Within this block only.
+            if let Some(ahead) = (*block).cells.get(offset + WRITE_AHEAD as usize) {
                 crate::prefetch::for_write(ahead);
             }
-            fetch_or_then_fence(&(*block).ready, bit, Ordering::Release);
+            (*block).ready[offset].store(true, Ordering::Release);
         }
-        Taken {
-            position,
-            flags: word & FLAGS,
-        }
+        taken
+    }
+
+    /// The user's flags, read with a read-modify-write of the tail word after this thread's
+    /// push: whoever sets a flag with [`set_flags_then_fence`](Self::set_flags_then_fence)
+    /// either is seen here or sees this thread's value ready.
+    pub(crate) fn flags_after_push(&self) -> u64 {
+        self.tail.word.fetch_or(0, Ordering::AcqRel) & FLAGS
     }
 
     /// The block holding `position`, which this thread took and has not written yet.
@@ -244,7 +261,7 @@ impl<T> Queue<T> {
                 next if next.is_null() => self.append_new(block, block_start),
                 next => next,
             };
-            if may_release && block.ready.load(Ordering::Acquire) == ALL_READY {
+            if may_release && block.all_ready() {
                 match compare_exchange_ptr_then_fence(
                     &self.tail.block,
                     current,
@@ -292,7 +309,9 @@ impl<T> Queue<T> {
     unsafe fn hand_back(&self, mut from: *mut Block<T>, block: *mut Block<T>) {
         // SAFETY: the caller owns `block`.
         let owned = unsafe { &*block };
-        owned.ready.store(0, Ordering::Relaxed);
+        for ready in &owned.ready {
+            ready.store(false, Ordering::Relaxed);
+        }
         owned.released_at.store(0, Ordering::Relaxed);
         owned.next.store(ptr::null_mut(), Ordering::Relaxed);
         loop {
@@ -334,10 +353,15 @@ impl<T> Queue<T> {
         self.tail.word.load(Ordering::Acquire) & FLAGS
     }
 
-    /// Sets `flags` (of [`FLAGS`]), then fences; returns the flags before.
-    pub(crate) fn set_flags_then_fence(&self, flags: u64) -> u64 {
+    /// Sets `flags` (of [`FLAGS`]), then fences; returns the word before: the flags, and how
+    /// many positions had been taken (exactly the pushes that will not see these flags).
+    pub(crate) fn set_flags_then_fence(&self, flags: u64) -> Taken {
         debug_assert_eq!(flags & !FLAGS, 0, "not a flag: {flags:#x}");
-        fetch_or_then_fence(&self.tail.word, flags, Ordering::AcqRel) & FLAGS
+        Taken::of(fetch_or_then_fence(
+            &self.tail.word,
+            flags,
+            Ordering::AcqRel,
+        ))
     }
 
     /// Clears `flags` (of [`FLAGS`]); returns the flags before.
@@ -374,23 +398,53 @@ impl<T> Consumer<'_, T> {
             }
             head.block = next;
             head.block_start = head.position;
-            head.ready = 0;
             offset = 0;
         }
-        let bit = 1 << offset;
-        if head.ready & bit == 0 {
-            // SAFETY: as above.
-            head.ready = unsafe { &*head.block }.ready.load(Ordering::Acquire);
-            if head.ready & bit == 0 {
-                return None;
-            }
-        }
-        Some(offset)
+        // SAFETY: as above.
+        let ready = &unsafe { &*head.block }.ready[offset as usize];
+        ready.load(Ordering::Acquire).then_some(offset)
     }
 
-    /// Whether [`pop`](Self::pop) would return a value now.
-    pub(crate) fn is_ready(&mut self) -> bool {
-        self.ready_offset().is_some()
+    /// The next position to read: every position below it has been read.
+    pub(crate) fn position(&self) -> u64 {
+        self.head.position
+    }
+
+    /// Looks at the values at positions from the head up to `until`, without taking them:
+    /// `Some(true)` as soon as `wanted` holds for one, `Some(false)` if it holds for none, and
+    /// `None` if one of them is still being written.
+    pub(crate) fn any_through(
+        &self,
+        until: u64,
+        mut wanted: impl FnMut(&T) -> bool,
+    ) -> Option<bool> {
+        let head = &*self.head;
+        let (mut block, mut block_start) = (head.block, head.block_start);
+        for position in head.position..until {
+            if position - block_start == CAPACITY {
+                // SAFETY: blocks from `head.block` on are in the list (only this role hands
+                // blocks back, and only those before `head.block`).
+                block = unsafe { &*block }.next.load(Ordering::Acquire);
+                if block.is_null() {
+                    return None;
+                }
+                block_start = position;
+            }
+            // SAFETY: as above.
+            let current = unsafe { &*block };
+            let offset = (position - block_start) as usize;
+            if !current.ready[offset].load(Ordering::Acquire) {
+                return None;
+            }
+            // SAFETY: the cell's flag was set (Release) after its producer wrote it, and loaded
+            // (Acquire) just now; nobody writes it again before this role has popped it.
+            let found =
+                current.cells[offset].with(|cell| wanted(unsafe { (*cell).assume_init_ref() }));
+            if found {
+                return Some(true);
+            }
+        }
+        Some(false)
     }
 
     /// The value at the head, if its producer has written it; `None` when the queue is empty
@@ -399,9 +453,8 @@ impl<T> Consumer<'_, T> {
         let offset = self.ready_offset()?;
         let head = &mut *self.head;
         head.position += 1;
-        // SAFETY: the cell's bit was set (Release) after its producer wrote it, and loaded
-        // (Acquire) above or before; each position is read once, so the value is moved out
-        // exactly once.
+        // SAFETY: the cell's flag was set (Release) after its producer wrote it, and loaded
+        // (Acquire) above; each position is read once, so the value is moved out exactly once.
         Some(unsafe {
             (*head.block).cells[offset as usize].with(|cell| (*cell).assume_init_read())
         })
@@ -410,7 +463,7 @@ impl<T> Consumer<'_, T> {
     /// Like [`pop`](Self::pop), but waits for a producer still writing the value at a
     /// position below `until` rather than return `None`: `None` once every position below
     /// `until` has been read and nothing after is ready. (The producer is between taking its
-    /// position and setting its bit, which waits for no one.)
+    /// position and setting its flag, which waits for no one.)
     pub(crate) fn pop_through(&mut self, until: u64) -> Option<T> {
         let mut spins = 0u32;
         loop {

@@ -285,7 +285,12 @@ impl ShardShared {
             LazyReset::Done { earlier } => {
                 self.counters.count_reset(counter_stripe());
                 if earlier {
-                    self.send(Message::Relocate { index, generation }, deadline);
+                    let message = Message::Relocate {
+                        index,
+                        generation,
+                        deadline,
+                    };
+                    self.send(message, deadline);
                 }
                 return true;
             }
@@ -322,9 +327,10 @@ impl ShardShared {
         }
     }
 
-    /// Sends `message` (for deadline tick `deadline`; `u64::MAX` for none) to the owner. If
-    /// the inbox is closed and the owner's last drain is over, no one will apply it: it is
-    /// discarded, with every other late message ([`discard_late_messages`](Self::discard_late_messages)).
+    /// Sends `message` (whose [deadline](Message::deadline_tick) is `deadline`) to the owner.
+    /// If the inbox is closed and the owner's last drain is over, no one will apply it: it is
+    /// discarded, with every other late message
+    /// ([`discard_late_messages`](Self::discard_late_messages)).
     pub(crate) fn send(&self, message: Message, deadline: u64) {
         if let PushOutcome::Closed { drained: true } = self.inbox.push(message, deadline) {
             self.discard_late_messages();
@@ -335,14 +341,12 @@ impl ShardShared {
     /// of its next run (`task: None`: it stopped). Called by whoever ran it. If the shard is
     /// gone, the discard ends this timer (see there).
     pub(crate) fn rearm(&self, index: u32, deadline: u64, task: Option<Task>) {
-        self.send(
-            Message::Rearm {
-                index,
-                deadline,
-                task,
-            },
+        let message = Message::Rearm {
+            index,
             deadline,
-        );
+            task,
+        };
+        self.send(message, deadline);
     }
 
     /// Pops every message the queue holds, out of the consumer's role before their tasks (user
