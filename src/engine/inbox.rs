@@ -259,7 +259,8 @@ impl Inbox {
         // reads this tick.
         self.wake_tick.store(wake_tick, Ordering::Relaxed);
         let flags = if long { PARKED | LONG } else { PARKED };
-        // The fence: Dekker with a submitter (`push`) and with a stage's producer (`staged`).
+        // The fence: Dekker with a stage's producer (`staged`). A submitter's `push` needs none:
+        // its take and this `or` are read-modify-writes of one word (module documentation).
         let before = self.queue.set_flags_then_fence(flags);
         if before.flags & CLOSED != 0 {
             self.queue.clear_flags(PARKED | LONG);

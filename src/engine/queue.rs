@@ -175,10 +175,10 @@ unsafe impl<T: Send> Send for Head<T> {}
 
 impl<T> std::fmt::Debug for Queue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let word = self.tail.word.load(Ordering::Relaxed);
+        let tail = Taken::of(self.tail.word.load(Ordering::Relaxed));
         f.debug_struct("Queue")
-            .field("positions_taken", &(word >> FLAG_BITS))
-            .field("flags", &(word & FLAGS))
+            .field("positions_taken", &tail.position)
+            .field("flags", &tail.flags)
             .finish_non_exhaustive()
     }
 }

@@ -233,7 +233,7 @@ fn turns(slot: &mut Option<ShardOwner>, handoff: &mut Handoff, dispatch: &Dispat
         {
             ParkOutcome::Closed => return,
             // Nothing drained, yet something waits: a stage whose consumer role its producer
-            // holds (reaping), or a message that arrived since the drain. Let the holder go on.
+            // holds (reaping), or a message whose submitter is still writing it. Let them go on.
             ParkOutcome::MessagesWaiting if drained == 0 => thread::yield_now(),
             ParkOutcome::MessagesWaiting | ParkOutcome::Woke => {}
         }
