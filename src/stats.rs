@@ -5,8 +5,11 @@
 //! [`StripedCounter`] (striped by thread, [`counter_stripe`]); each shard counts fires, resets
 //! and lateness in plain fields and flushes them once per turn with `Relaxed` stores.
 
+#[cfg(not(shardwheel_loom))]
 use crate::sync::process::Mutex;
-use crate::sync::statistics::{AtomicBool, AtomicU64, AtomicUsize};
+#[cfg(not(shardwheel_loom))]
+use crate::sync::statistics::AtomicUsize;
+use crate::sync::statistics::{AtomicBool, AtomicU64};
 use crate::sync::thread_local;
 use std::cell::Cell;
 use std::sync::atomic::Ordering;
@@ -18,8 +21,10 @@ const UNSET: usize = usize::MAX;
 /// Gives its thread's stripe ordinal ([`counter_stripe`]) back when the thread exits, for the
 /// next thread to take. Separate from [`STRIPE`], which has no destructor so that counting
 /// reads it with a plain thread-local access, to the thread's very end.
+#[cfg(not(shardwheel_loom))]
 struct StripeHold;
 
+#[cfg(not(shardwheel_loom))]
 impl Drop for StripeHold {
     fn drop(&mut self) {
         // Any later count of this thread (from another thread-local's destructor) takes the
@@ -41,14 +46,15 @@ thread_local! {
     static STRIPE_HOLD: StripeHold = const { StripeHold };
 }
 
-// Loom's thread-locals take no `const` initializers.
+// Loom's thread-locals take no `const` initializers. No ordinal is given back (see the loom
+// `first_stripe`).
 #[cfg(shardwheel_loom)]
 thread_local! {
     static STRIPE: Cell<usize> = Cell::new(UNSET);
-    static STRIPE_HOLD: StripeHold = StripeHold;
 }
 
 /// The ordinals of stripes whose threads exited.
+#[cfg(not(shardwheel_loom))]
 fn free_stripes() -> std::sync::MutexGuard<'static, Vec<usize>> {
     static FREE: Mutex<Vec<usize>> = Mutex::new(Vec::new());
     FREE.lock()
@@ -71,6 +77,7 @@ pub(crate) fn counter_stripe() -> usize {
 
 /// Takes a stripe ordinal for a thread's first count.
 #[cold]
+#[cfg(not(shardwheel_loom))]
 fn first_stripe() -> usize {
     static NEXT: AtomicUsize = AtomicUsize::new(0);
     // Registers the hold's destructor; a thread whose thread-locals are being destroyed
@@ -86,6 +93,20 @@ fn first_stripe() -> usize {
         })
         .unwrap_or(SHARED_STRIPE)
     };
+    STRIPE.with(|stripe| stripe.set(ordinal));
+    ordinal
+}
+
+/// Under loom, ordinals are handed out afresh in each execution, in the order threads first
+/// count (the same in every execution that takes the same path, as loom needs): an execution
+/// has fewer threads than own stripes, and none is reused.
+#[cold]
+#[cfg(shardwheel_loom)]
+fn first_stripe() -> usize {
+    loom::lazy_static! {
+        static ref NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    }
+    let ordinal = NEXT.fetch_add(1, Ordering::Relaxed).min(SHARED_STRIPE);
     STRIPE.with(|stripe| stripe.set(ordinal));
     ordinal
 }
@@ -215,9 +236,16 @@ impl LocalLateness {
 }
 
 /// Stripes of a [`StripedCounter`].
+#[cfg(not(shardwheel_loom))]
 const STRIPES: usize = 8;
+/// Under loom, one own stripe: the second thread to count shares, so that a model with two
+/// threads sees both ways of counting (see `engine/lease.rs`).
+#[cfg(shardwheel_loom)]
+const STRIPES: usize = 2;
 /// The stripe that threads beyond the first `STRIPES - 1` share (counting atomically).
 const SHARED_STRIPE: usize = STRIPES - 1;
+/// How many threads hold an own stripe ordinal ([`counter_stripe`]) at a time.
+pub(crate) const OWN_STRIPES: usize = SHARED_STRIPE;
 
 /// A counter that many threads bump (schedules, cancels, in-place resets of one shard's
 /// timers), striped by thread so that they do not all bump one cache line, and summed when

@@ -179,6 +179,123 @@ pub(crate) fn compare_exchange_ptr_then_fence<T>(
     result
 }
 
+/// An asymmetric barrier: a store-load fence split between a *light* side, run often, and a
+/// *heavy* side, run rarely, that together order what a fence on each side would (Dekker's
+/// protocol, as in [`fence_after_read_modify_write`], with one side's cost moved to the other).
+///
+/// On Linux the heavy side is `membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)`: the kernel runs a
+/// full fence on every CPU that is running a thread of this process, and a thread that is not
+/// running passes one when it is next scheduled. So a light side that is only a compiler fence
+/// (its store and load stay in program order in the instruction stream) pairs with it: if the
+/// light side's load missed the heavy side's store, the fence that interrupted it came after
+/// that load, so its earlier store was drained to memory before `membarrier` returned, and the
+/// heavy side's load sees it. The protocol is the one of liburcu's and folly's asymmetric fences.
+///
+/// [`init`](asymmetric::init) registers the process once (the expedited command needs it); if
+/// that fails (not Linux, a kernel before 4.14, a seccomp filter) both sides are
+/// `fence(SeqCst)`. The choice is made before the first light side it pairs with can run (see
+/// `init`) and never changes. Under loom both sides are `fence(SeqCst)`: the models check the
+/// protocol that uses the barrier, not the kernel's part of it.
+pub(crate) mod asymmetric {
+    #[cfg(not(shardwheel_loom))]
+    use std::sync::atomic::{AtomicU8, Ordering};
+
+    /// Not decided yet: both sides fence.
+    #[cfg(not(shardwheel_loom))]
+    const UNDECIDED: u8 = 0;
+    /// `membarrier` is registered: the light side is a compiler fence.
+    #[cfg(not(shardwheel_loom))]
+    const MEMBARRIER: u8 = 1;
+    /// No `membarrier`: both sides fence.
+    #[cfg(not(shardwheel_loom))]
+    const FENCES: u8 = 2;
+
+    #[cfg(not(shardwheel_loom))]
+    static MODE: AtomicU8 = AtomicU8::new(UNDECIDED);
+
+    /// Decides how the barrier works, once per process. Must return before any light side
+    /// that pairs with a heavy side runs: callers run it when they build the structure whose
+    /// protocol uses the barrier (the light side runs on a thread that has seen it built, and
+    /// so this store).
+    pub(crate) fn init() {
+        #[cfg(not(shardwheel_loom))]
+        if MODE.load(Ordering::Acquire) == UNDECIDED {
+            let mode = if register() { MEMBARRIER } else { FENCES };
+            // Racing first calls may decide differently only if registration can fail and
+            // then succeed; the first decision stands.
+            let _ = MODE.compare_exchange(UNDECIDED, mode, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// The light side: between a store and a load of the protocol.
+    #[inline]
+    pub(crate) fn light() {
+        #[cfg(not(shardwheel_loom))]
+        if MODE.load(Ordering::Relaxed) == MEMBARRIER {
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+        } else {
+            std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        }
+        #[cfg(shardwheel_loom)]
+        loom::sync::atomic::fence(loom::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The heavy side: between a store and a load of the protocol. False if it could not
+    /// order anything (`membarrier` failed after registering, which the kernel does not do):
+    /// the caller must then act as if its load saw nothing it can rely on.
+    #[must_use]
+    pub(crate) fn heavy() -> bool {
+        #[cfg(not(shardwheel_loom))]
+        {
+            match MODE.load(Ordering::Acquire) {
+                MEMBARRIER => membarrier(),
+                _ => {
+                    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+                    true
+                }
+            }
+        }
+        #[cfg(shardwheel_loom)]
+        {
+            loom::sync::atomic::fence(loom::sync::atomic::Ordering::SeqCst);
+            true
+        }
+    }
+
+    /// `membarrier` commands (`linux/membarrier.h`).
+    #[cfg(all(target_os = "linux", not(shardwheel_loom)))]
+    const PRIVATE_EXPEDITED: libc::c_int = 1 << 3;
+    #[cfg(all(target_os = "linux", not(shardwheel_loom)))]
+    const REGISTER_PRIVATE_EXPEDITED: libc::c_int = 1 << 4;
+
+    /// Registers the process for expedited private `membarrier`; true iff done.
+    #[cfg(not(shardwheel_loom))]
+    fn register() -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: `membarrier` takes two integers and a CPU number and touches no memory
+            // of ours; an unknown command fails with an error code.
+            let result =
+                unsafe { libc::syscall(libc::SYS_membarrier, REGISTER_PRIVATE_EXPEDITED, 0, 0) };
+            result == 0 && membarrier()
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+
+    /// Runs the heavy fence; true iff the kernel did.
+    #[cfg(not(shardwheel_loom))]
+    fn membarrier() -> bool {
+        #[cfg(target_os = "linux")]
+        {
+            // SAFETY: as in `register`.
+            unsafe { libc::syscall(libc::SYS_membarrier, PRIVATE_EXPEDITED, 0, 0) == 0 }
+        }
+        #[cfg(not(target_os = "linux"))]
+        false
+    }
+}
+
 /// Locks a mutex, recovering the data if a panicking thread poisoned it (the engine never
 /// panics while holding one, but user code must not be able to wedge it).
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

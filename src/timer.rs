@@ -231,8 +231,7 @@ impl Timer {
 
     /// How this timer's sleeps refer to its engine: by a lease, counted on this thread's stripe.
     fn engine_ref(&self) -> EngineRef {
-        let engine = &self.inner.engine;
-        engine.lease(engine.lease_stripe())
+        self.inner.engine.lease()
     }
 
     /// How the sleeps of a timer that is never dropped (the default timer) refer to its engine:

@@ -1206,10 +1206,11 @@ fn queue_blocks_handed_back() {
 }
 
 /// The sleeps of an owned timer keep its engine alive on striped counts (`engine/lease.rs`).
-/// Two threads (homed on the two shards, so counting on different stripes) each take a sleep
-/// and drop it, while the main thread drops the timer: the engine must be dropped exactly
-/// once, after the last of them (loom reports a leaked `Arc`, one dropped twice, or a read of
-/// freed memory).
+/// Two threads each take a sleep, let go of the timer and drop the sleep, while the main thread
+/// drops the timer. Under loom the first thread to count has its own stripe and the other
+/// counts on the shared counters, in either order. The engine must be dropped exactly once,
+/// after the last sleep (loom reports a leaked `Arc`, one dropped twice, or a read of freed
+/// memory). Leases dropped on another thread than their own: the unit tests of `lease.rs`.
 #[test]
 fn owned_sleeps_outlive_their_timer() {
     model(|| {

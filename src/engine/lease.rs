@@ -1,47 +1,65 @@
 //! Keeping an engine's memory alive for the sleeps of an owned [`Timer`](crate::Timer) without
-//! one reference count that every thread writes.
+//! a locked instruction per sleep.
 //!
 //! # Why
 //!
 //! A [`Sleep`](crate::Sleep) of an owned timer must keep the engine's memory (its shards' slot
 //! tables) alive until it is dropped, even if the timer is dropped first. An `Arc` clone per
 //! sleep does that with one count for the whole engine: the workers of a multi-threaded
-//! executor then all write the same cache line twice per timeout, and pull it from each other's
-//! cores. A [`Lease`] counts in one of the engine's [`Leases`] *stripes* instead, the one of the
-//! creating thread's home shard (threads with different homes write different lines), and
-//! gives it back to the same stripe.
+//! executor then all write the same cache line twice per timeout, each time with a locked
+//! instruction. A [`Lease`] counts on its thread's own *stripe* of the engine's [`Leases`]
+//! instead, with a plain load and store: taken on the thread that makes the sleep, given back
+//! on the thread that drops it (which may be another: a stripe's count may go below zero, only
+//! the sum means anything).
+//!
+//! # Stripes
+//!
+//! A thread's stripe is its [`counter_stripe`] ordinal: the first `OWN_STRIPES` living threads
+//! each hold one, written by that thread only (a thread that takes over an exited thread's
+//! ordinal does so through a lock, which orders the two). Threads beyond them count on two
+//! shared counters with read-modify-writes: `shared_taken`, and `shared_dropped`.
 //!
 //! # How the memory is let go
 //!
 //! While the timer lives, its [`Owner`] holds one strong count of the engine's `Arc`, and the
-//! leases need none of their own. When the timer's last clone drops, the `Owner` *retires*:
-//! it does not give its strong count back, but hands it to the leases, and marks every stripe
-//! `RETIRED` with a read-modify-write. Then the count is settled stripe by stripe:
+//! leases need none of their own. When the timer's last clone drops, the `Owner` *retires*: it
+//! keeps that strong count for the leases, sets `retired`, runs the heavy side of the
+//! [asymmetric barrier](crate::sync::asymmetric), and counts the leases still out: the sum of
+//! the stripes plus `shared_taken` minus `shared_dropped` (read with a read-modify-write that
+//! sets `CLOSED` in it). Every lease taken is counted in that sum: taking one needs the timer,
+//! whose drop happened before. A lease dropped after the count is *late*: it subtracts one from
+//! `unsettled` instead, to which the `Owner` adds the sum; whoever brings `unsettled` to zero
+//! gives the strong count back (`Arc::from_raw`), dropping the engine if it was the last.
+//! (`unsettled` starts at zero, the late drops take it below, the `Owner`'s sum above: only
+//! the last of these read-modify-writes lands on zero.)
 //!
-//! | stripe when marked | who settles it                                          |
-//! |--------------------|---------------------------------------------------------|
-//! | no leases          | the retiring `Owner`, at once                           |
-//! | `n` leases         | the lease whose drop finds `RETIRED` and 1 (the last)   |
+//! A drop on an own stripe stores the stripe's new count with `BUSY` set, runs the light side
+//! of the barrier, and reads `retired`:
 //!
-//! `unsettled` starts at the stripe count plus one (the `Owner`'s own part); each settler
-//! subtracts its part, and whoever brings it to zero gives the strong count back
-//! (`Arc::from_raw`), dropping the engine if it was the last. No lease is taken after the
-//! retirement (taking one needs the timer), so a stripe's count only falls once marked, and a
-//! stripe found empty by the `Owner` stays empty. A lease's drop touches the engine's memory
-//! only through its read-modify-writes, and after the last one only if its stripe was its to
-//! settle, which keeps `unsettled` above zero until it subtracts: no access after the free.
+//! | `retired` read | the drop | why the `Owner`'s count agrees |
+//! |----------------|----------|--------------------------------|
+//! | false | stores the count without `BUSY`: done | the barrier: the `Owner`'s read of the stripe sees the `BUSY` store or a later one, and it waits until `BUSY` is gone |
+//! | true | stores the old count back (without `BUSY`), then is late | the `Owner` read the old count, or waits out `BUSY` and reads the old count again: either way the lease is counted |
+//!
+//! A drop on the shared counters adds one to `shared_dropped`: late iff `CLOSED` was set. A
+//! lease's drop touches the engine's memory last with the store that ends it, or, if late, its
+//! subtraction from `unsettled`, which it was counted in: no access after the free.
 //!
 //! Model: `owned_sleeps_outlive_their_timer` in `loom-tests/`. Every `unsafe` of the scheme is in
 //! this file.
 
-use crate::sync::{Arc, AtomicUsize, Ordering};
+use crate::stats::{OWN_STRIPES, counter_stripe};
+use crate::sync::{Arc, AtomicBool, AtomicUsize, Ordering, asymmetric, thread};
 use crossbeam_utils::CachePadded;
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::ptr::NonNull;
 
-/// A stripe's top bit: its engine's `Owner` has retired.
-const RETIRED: usize = 1 << (usize::BITS - 1);
+/// An own stripe's low bit: a drop is between its store and its read of `retired`. The count
+/// is kept in the bits above it (times two, wrapping).
+const BUSY: usize = 1;
+/// `shared_dropped`'s top bit: the `Owner` has counted the shared drops.
+const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// Anything whose memory [`Lease`]s can keep alive: it carries their [`Leases`].
 pub(crate) trait Leasable {
@@ -49,30 +67,106 @@ pub(crate) trait Leasable {
     fn leases(&self) -> &Leases;
 }
 
-/// The striped lease counts of one engine, and how much of its retirement is unsettled.
+/// The striped lease counts of one engine (see the [module](self)).
 #[derive(Debug)]
 pub(crate) struct Leases {
-    /// Leases taken on each stripe and not yet dropped, plus `RETIRED` once retired.
-    stripes: Box<[CachePadded<AtomicUsize>]>,
-    /// Parts of the retirement not yet settled: one per stripe and one for the `Owner`.
+    /// Per own stripe: leases taken minus leases dropped on it, times two, plus `BUSY`.
+    own: Box<[CachePadded<AtomicUsize>]>,
+    /// Leases taken by threads without an own stripe.
+    shared_taken: CachePadded<AtomicUsize>,
+    /// Leases dropped by threads without an own stripe, plus `CLOSED`.
+    shared_dropped: CachePadded<AtomicUsize>,
+    /// The `Owner` has retired.
+    retired: AtomicBool,
+    /// After the retirement: leases out, minus late drops (wrapping; see the module).
     unsettled: AtomicUsize,
 }
 
-impl Leases {
-    /// Counts in at least `stripes` stripes (a power of two, so that choosing one is a mask).
-    pub(crate) fn new(stripes: usize) -> Leases {
-        let stripes = stripes.max(1).next_power_of_two();
+impl Default for Leases {
+    fn default() -> Leases {
+        asymmetric::init();
         Leases {
-            stripes: (0..stripes)
+            own: (0..OWN_STRIPES)
                 .map(|_| CachePadded::new(AtomicUsize::new(0)))
                 .collect(),
-            unsettled: AtomicUsize::new(stripes + 1),
+            shared_taken: CachePadded::new(AtomicUsize::new(0)),
+            shared_dropped: CachePadded::new(AtomicUsize::new(0)),
+            retired: AtomicBool::new(false),
+            unsettled: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl Leases {
+    /// Adds `count` to `unsettled` (wrapping); true iff that brought it to zero: the caller
+    /// gives the strong count back.
+    fn settle(&self, count: usize) -> bool {
+        self.unsettled
+            .fetch_add(count, Ordering::AcqRel)
+            .wrapping_add(count)
+            == 0
+    }
+
+    /// Counts one lease taken on this thread.
+    #[inline]
+    fn take(&self) {
+        let ordinal = counter_stripe();
+        match self.own.get(ordinal) {
+            Some(stripe) => {
+                stripe.store(
+                    stripe.load(Ordering::Relaxed).wrapping_add(2),
+                    Ordering::Relaxed,
+                );
+            }
+            None => {
+                self.shared_taken.fetch_add(1, Ordering::Relaxed);
+            }
         }
     }
 
-    /// Subtracts `parts` from `unsettled`; true iff that settled the last.
-    fn settle(&self, parts: usize) -> bool {
-        self.unsettled.fetch_sub(parts, Ordering::AcqRel) == parts
+    /// Counts one lease dropped on this thread: true iff late (see the module).
+    #[inline]
+    fn give_back(&self) -> bool {
+        let ordinal = counter_stripe();
+        let Some(stripe) = self.own.get(ordinal) else {
+            return self.shared_dropped.fetch_add(1, Ordering::AcqRel) & CLOSED != 0;
+        };
+        let before = stripe.load(Ordering::Relaxed);
+        stripe.store(before.wrapping_sub(2) | BUSY, Ordering::Relaxed);
+        asymmetric::light();
+        if !self.retired.load(Ordering::Relaxed) {
+            // Release: the sleep's accesses to the engine, before the `Owner` may free it.
+            stripe.store(before.wrapping_sub(2), Ordering::Release);
+            return false;
+        }
+        stripe.store(before, Ordering::Release);
+        true
+    }
+
+    /// The `Owner`'s retirement: the leases still out (see the module). `None` if the barrier
+    /// failed: nothing can be told, and the value is never freed.
+    fn retire(&self) -> Option<usize> {
+        self.retired.store(true, Ordering::Relaxed);
+        if !asymmetric::heavy() {
+            return None;
+        }
+        // Acquire: the takes (ordered before the timer's drop anyway) and every drop counted.
+        let mut out = self.shared_taken.load(Ordering::Acquire);
+        let dropped = self.shared_dropped.fetch_or(CLOSED, Ordering::AcqRel);
+        out = out.wrapping_sub(dropped);
+        for stripe in self.own.iter() {
+            let count = loop {
+                let word = stripe.load(Ordering::Acquire);
+                if word & BUSY == 0 {
+                    break word;
+                }
+                // A drop between two of its stores (a few instructions).
+                thread::yield_now();
+            };
+            // Times two, wrapping: an arithmetic shift halves a negative count too.
+            out = out.wrapping_add(((count as isize) >> 1) as usize);
+        }
+        Some(out)
     }
 }
 
@@ -88,14 +182,11 @@ impl<T: Leasable + 'static> Owner<T> {
         Owner(ManuallyDrop::new(value))
     }
 
-    /// A lease on the value, counted on `stripe` (any number: taken modulo the stripe count).
+    /// A lease on the value, counted on this thread's stripe.
     #[inline]
-    pub(crate) fn lease(&self, stripe: usize) -> Lease<T> {
-        let leases = self.0.leases();
-        let stripe = stripe & (leases.stripes.len() - 1);
-        let before = leases.stripes[stripe].fetch_add(1, Ordering::Relaxed);
-        debug_assert_eq!(before & RETIRED, 0, "a lease taken after its owner retired");
-        Lease::Counted(NonNull::from(&**self.0), stripe as u32)
+    pub(crate) fn lease(&self) -> Lease<T> {
+        self.0.leases().take();
+        Lease::Counted(NonNull::from(&**self.0))
     }
 }
 
@@ -114,32 +205,29 @@ impl<T: Leasable + 'static> Drop for Owner<T> {
         let value = unsafe { ManuallyDrop::take(&mut self.0) };
         let raw = Arc::into_raw(value);
         // SAFETY: the strong count `into_raw` kept is not given back until `unsettled` reaches
-        // zero, and this `Owner`'s part of it is still unsettled.
+        // zero after the count below is added.
         let leases = unsafe { &*raw }.leases();
-        let mut parts = 1;
-        for stripe in leases.stripes.iter() {
-            if stripe.fetch_or(RETIRED, Ordering::AcqRel) == 0 {
-                parts += 1;
-            }
-        }
-        if leases.settle(parts) {
-            // SAFETY: `raw` came from `into_raw` above, and every part is settled: no lease
-            // is left to read the value, and this gives back the one count kept for them.
+        let Some(out) = leases.retire() else {
+            return; // The count could not be made: keep the value forever.
+        };
+        if leases.settle(out) {
+            // SAFETY: `raw` came from `into_raw` above, and every lease is dropped: none is
+            // left to read the value, and this gives back the one count kept for them.
             drop(unsafe { Arc::from_raw(raw) });
         }
     }
 }
 
-/// Keeps a leased value's memory alive until dropped, like an `Arc` clone, counted on one
-/// stripe of its [`Leases`] (see the [module](self)); or a plain reference to a value that is
-/// never dropped ([`forever`](Self::forever)). Two words either way.
+/// Keeps a leased value's memory alive until dropped, like an `Arc` clone, counted on its
+/// thread's stripe of the [`Leases`] (see the [module](self)); or a plain reference to a value
+/// that is never dropped ([`forever`](Self::forever)). Two words either way.
 ///
 /// An enum of two references, as the reference it replaced in [`Sleep`](crate::Sleep) was:
 /// with a struct of the same size in its place, the compiler copied a `Timeout` once more on
 /// its way into an `.await` (`callgrind` counted two `memcpy` calls per timeout instead of one).
 pub(crate) enum Lease<T: Leasable + 'static> {
-    /// Counted on stripe `.1`: the pointer is valid while this lease lives.
-    Counted(NonNull<T>, u32),
+    /// Counted: the pointer is valid while this lease lives.
+    Counted(NonNull<T>),
     /// On a value that is never dropped: counts nothing.
     Forever(&'static T),
 }
@@ -155,8 +243,8 @@ impl<T: Leasable + 'static> Deref for Lease<T> {
     #[inline]
     fn deref(&self) -> &T {
         match self {
-            // SAFETY: this lease's count on its stripe keeps the value alive (see the module).
-            Lease::Counted(value, _) => unsafe { value.as_ref() },
+            // SAFETY: this lease's count keeps the value alive (see the module).
+            Lease::Counted(value) => unsafe { value.as_ref() },
             Lease::Forever(value) => value,
         }
     }
@@ -168,16 +256,15 @@ impl<T: Leasable + 'static> Lease<T> {
         Lease::Forever(value)
     }
 
-    /// The end of a drop that found its stripe retired and itself the stripe's last lease:
-    /// settles the stripe (out of line, so that the common drop stays small).
+    /// The end of a late drop: settles it (out of line, so that the common drop stays small).
     #[cold]
     #[inline(never)]
-    fn settle_stripe(&self) {
-        // `unsettled` counts this stripe's part, so the value is still here.
-        if self.leases().settle(1) {
+    fn settle_late(&self) {
+        // `unsettled` counts this lease, so the value is still here.
+        if self.leases().settle(1usize.wrapping_neg()) {
             // SAFETY: the value came from an `Arc` (`Owner::lease` took the pointer from the
-            // `Owner`'s), whose retirement kept one strong count for the leases; every part is
-            // now settled, so this is the one place that gives it back.
+            // `Owner`'s), whose retirement kept one strong count for the leases; every lease
+            // is now dropped, so this is the one place that gives it back.
             drop(unsafe { Arc::from_raw(&**self as *const T) });
         }
     }
@@ -186,14 +273,12 @@ impl<T: Leasable + 'static> Lease<T> {
 impl<T: Leasable + 'static> Drop for Lease<T> {
     #[inline]
     fn drop(&mut self) {
-        let Lease::Counted(_, stripe) = *self else {
+        let Lease::Counted(_) = *self else {
             return;
         };
-        let before = self.leases().stripes[stripe as usize].fetch_sub(1, Ordering::AcqRel);
-        // After that subtraction the value may be gone, unless the stripe is this lease's to
-        // settle.
-        if before == RETIRED | 1 {
-            self.settle_stripe();
+        // After a drop that is not late, the value may be gone.
+        if self.leases().give_back() {
+            self.settle_late();
         }
     }
 }
@@ -201,6 +286,7 @@ impl<T: Leasable + 'static> Drop for Lease<T> {
 #[cfg(all(test, not(shardwheel_loom)))]
 mod tests {
     use super::*;
+    use std::sync::Barrier;
     use std::sync::atomic::AtomicUsize as Count;
 
     /// A leasable value that counts its drops.
@@ -221,10 +307,10 @@ mod tests {
         }
     }
 
-    fn probe(stripes: usize) -> (Owner<Probe>, Arc<Count>) {
+    fn probe() -> (Owner<Probe>, Arc<Count>) {
         let drops = Arc::new(Count::new(0));
         let value = Arc::new(Probe {
-            leases: Leases::new(stripes),
+            leases: Leases::default(),
             drops: drops.clone(),
         });
         (Owner::new(value), drops)
@@ -232,16 +318,16 @@ mod tests {
 
     #[test]
     fn an_owner_without_leases_drops_the_value() {
-        let (owner, drops) = probe(4);
+        let (owner, drops) = probe();
         drop(owner);
         assert_eq!(drops.load(Ordering::Relaxed), 1);
     }
 
     #[test]
-    fn the_last_lease_drops_the_value_whatever_its_stripe() {
+    fn the_last_lease_drops_the_value_whichever_it_is() {
         for last in 0..3 {
-            let (owner, drops) = probe(2);
-            let mut leases: Vec<_> = (0..3).map(|stripe| owner.lease(stripe)).collect();
+            let (owner, drops) = probe();
+            let mut leases: Vec<_> = (0..3).map(|_| owner.lease()).collect();
             let kept = leases.remove(last);
             drop(owner);
             drop(leases);
@@ -254,9 +340,9 @@ mod tests {
 
     #[test]
     fn other_strong_counts_keep_the_value_after_the_leases() {
-        let (owner, drops) = probe(2);
+        let (owner, drops) = probe();
         let other = Arc::clone(&owner);
-        let lease = owner.lease(1);
+        let lease = owner.lease();
         drop(owner);
         drop(lease);
         assert_eq!(drops.load(Ordering::Relaxed), 0);
@@ -264,19 +350,64 @@ mod tests {
         assert_eq!(drops.load(Ordering::Relaxed), 1);
     }
 
+    /// Leases dropped on other threads than their own leave stripes below zero; dropped before
+    /// and after the retirement, they still drop the value once, after the last.
     #[test]
     fn leases_dropped_on_many_threads_drop_the_value_once() {
-        for _ in 0..200 {
-            let (owner, drops) = probe(3);
-            let leases: Vec<_> = (0..4).map(|stripe| owner.lease(stripe)).collect();
+        for round in 0..200 {
+            let (owner, drops) = probe();
+            let leases: Vec<_> = (0..4).map(|_| owner.lease()).collect();
             let droppers: Vec<_> = leases
                 .into_iter()
                 .map(|lease| std::thread::spawn(move || drop(lease)))
                 .collect();
-            drop(owner);
-            for dropper in droppers {
-                dropper.join().unwrap();
+            if round % 2 == 0 {
+                drop(owner);
+                for dropper in droppers {
+                    dropper.join().unwrap();
+                }
+            } else {
+                for dropper in droppers {
+                    dropper.join().unwrap();
+                }
+                assert_eq!(drops.load(Ordering::Relaxed), 0, "dropped under its owner");
+                drop(owner);
             }
+            assert_eq!(drops.load(Ordering::Relaxed), 1);
+        }
+    }
+
+    /// More living threads than own stripes: some take and drop on the shared counters.
+    #[test]
+    fn threads_beyond_the_own_stripes_count_on_the_shared_counters() {
+        let threads = OWN_STRIPES + 3;
+        for _ in 0..20 {
+            let (owner, drops) = probe();
+            let owner = Arc::new(owner);
+            let all_alive = Arc::new(Barrier::new(threads));
+            let (to_main, leases) = std::sync::mpsc::channel();
+            let workers: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (owner, all_alive, to_main) =
+                        (owner.clone(), all_alive.clone(), to_main.clone());
+                    std::thread::spawn(move || {
+                        all_alive.wait();
+                        let kept = owner.lease();
+                        drop(owner.lease());
+                        to_main.send(kept).unwrap();
+                        all_alive.wait();
+                    })
+                })
+                .collect();
+            drop(to_main);
+            let leases: Vec<_> = leases.iter().collect();
+            for worker in workers {
+                worker.join().unwrap();
+            }
+            assert_eq!(leases.len(), threads);
+            drop(Arc::into_inner(owner).expect("the workers let go of the owner"));
+            assert_eq!(drops.load(Ordering::Relaxed), 0, "dropped under a lease");
+            drop(leases);
             assert_eq!(drops.load(Ordering::Relaxed), 1);
         }
     }

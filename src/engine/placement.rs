@@ -133,28 +133,11 @@ impl Placement {
     /// [policy](self#the-home-shard-policy)).
     #[inline]
     pub(crate) fn home(&self) -> usize {
-        self.home_counting(true)
-    }
-
-    /// This thread's home shard as [`home`](Self::home) gives it, but without counting a
-    /// schedule (so without the occasional CPU reading).
-    #[inline]
-    pub(crate) fn current(&self) -> usize {
-        self.home_counting(false)
-    }
-
-    /// [`home`](Self::home) (`count`: a schedule, which counts towards the next CPU reading)
-    /// or [`current`](Self::current).
-    #[inline(always)]
-    fn home_counting(&self, count: bool) -> usize {
         let shard_count = self.homed.len();
         let ordinal = HOME.with(|home| {
             let ordinal = home.ordinal.get();
             if ordinal == usize::MAX {
                 return self.first_home(home);
-            }
-            if !count {
-                return ordinal;
             }
             let calls = home.calls.get().wrapping_add(1);
             home.calls.set(calls);

@@ -117,7 +117,7 @@ impl Engine {
             drive,
             placement,
             closed: AtomicBool::new(false),
-            leases: Leases::new(shard_count),
+            leases: Leases::default(),
         };
 
         if settings.clock.is_manual() {
@@ -163,13 +163,6 @@ impl Engine {
     /// This thread's home shard (see [`placement`](super::placement)).
     pub(crate) fn home_shard(&self) -> &Arc<ShardShared> {
         &self.shards[self.placement.home()]
-    }
-
-    /// The [`Leases`] stripe of this thread: its home shard's ordinal, without counting a
-    /// schedule (see [`placement`](super::placement)).
-    #[inline]
-    pub(crate) fn lease_stripe(&self) -> usize {
-        self.placement.current()
     }
 
     /// Schedules `task` at `deadline` (a tick) on this thread's home shard.
