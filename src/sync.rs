@@ -5,14 +5,18 @@
 //! crate's own, `engine/queue.rs`, built on these, so loom sees it whole.)
 
 #[cfg(not(shardwheel_loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(not(shardwheel_loom))]
 pub(crate) use std::sync::{Arc, Mutex, MutexGuard};
 #[cfg(not(shardwheel_loom))]
 pub(crate) use std::thread;
 
 #[cfg(shardwheel_loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
+};
 #[cfg(shardwheel_loom)]
 pub(crate) use loom::sync::{Arc, Mutex, MutexGuard};
 #[cfg(shardwheel_loom)]

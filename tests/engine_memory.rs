@@ -233,3 +233,50 @@ fn slot_memory_returns_once_every_handle_is_gone() {
     assert!(support::wait_until(Duration::from_secs(10), || get(&fired) == 1));
     assert_eq!(handle.state(), shardwheel::TimerState::Expired);
 }
+
+/// The same for sleeps: their thread takes back those its shard has not adopted yet, keeping
+/// a few of their slots as spares for its next sleeps (`engine/slot/spares.rs`), and the
+/// memory still goes back once every sleep is dropped. (The entry table's release alone can
+/// pass this bound; that the flush of the spares lets the slot table go too is checked by the
+/// slot table's unit tests and the `spare_slots_vs_reclaim` loom model.)
+#[test]
+fn slot_memory_returns_once_every_sleep_is_dropped() {
+    const SLEEPS: usize = 300_000;
+    const PAGE_BYTES: u64 = 4096;
+    let _serial = serial();
+    let timer = Timer::builder().shards(1).build().unwrap();
+    let (_, waker) = support::counting_waker();
+    let mut sleeps: Vec<_> = (0..SLEEPS)
+        .map(|_| Box::pin(timer.sleep(Duration::from_secs(3600))))
+        .collect();
+    for sleep in &mut sleeps {
+        assert!(support::poll_once(sleep, &waker).is_pending());
+    }
+    // The shard adopts what it has been woken for; the last sleeps stay staged.
+    std::thread::sleep(Duration::from_millis(300));
+    let held_pages = resident_pages();
+    // Last armed, first dropped: the staged ones are taken back by this thread.
+    while let Some(sleep) = sleeps.pop() {
+        drop(sleep);
+    }
+    let slot_pages = (16 * SLEEPS as u64) / PAGE_BYTES;
+    let started = Instant::now();
+    let released = support::wait_until(Duration::from_secs(10), || {
+        held_pages.saturating_sub(resident_pages()) >= slot_pages * 3 / 4
+    });
+    println!(
+        "{SLEEPS} sleeps: resident {} KiB armed, {} KiB {:?} after dropping them (slot table: \
+         {} KiB)",
+        held_pages * PAGE_BYTES / 1024,
+        resident_pages() * PAGE_BYTES / 1024,
+        started.elapsed(),
+        slot_pages * PAGE_BYTES / 1024
+    );
+    assert!(released, "the slot table's memory was not given back");
+    // The engine works on, from a released table, and this thread's spares too.
+    let mut sleep = Box::pin(timer.sleep(Duration::from_millis(1)));
+    assert!(support::poll_once(&mut sleep, &waker).is_pending());
+    assert!(support::wait_until(Duration::from_secs(10), || {
+        support::poll_once(&mut sleep, &waker).is_ready()
+    }));
+}

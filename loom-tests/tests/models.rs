@@ -520,6 +520,48 @@ fn slot_reclaim_vs_free_and_allocate() {
     });
 }
 
+/// A producer's spare slots against the shard's reclaim (`engine/slot/spares.rs`): the
+/// producer's first timer was retracted into its spares; the producer then takes a slot for
+/// its next timer (the spare, or one from the free list if the shard flushed it there) while
+/// the shard flushes the spares and tries to reclaim the table, then takes a slot of its own.
+/// No slot may be handed out twice, and no stale handle may reach a new timer.
+#[test]
+fn spare_slots_vs_reclaim() {
+    model(|| {
+        let table = Arc::new(SlotTableHook::default());
+        let (index, generation) = table.allocate().unwrap();
+        table.begin_staged(index, generation);
+        assert!(table.retract(index, generation));
+        let old = (index, generation);
+        let producer = {
+            let table = table.clone();
+            thread::spawn(move || {
+                let (index, generation) = table.take_spare().or_else(|| table.allocate()).unwrap();
+                table.begin_staged(index, generation);
+                (index, generation)
+            })
+        };
+        // As in `slot_reclaim_vs_free_and_allocate`: let the other thread go first sometimes.
+        thread::yield_now();
+        let reclaimed = table.reclaim_with_spares();
+        let (index, generation) = table.allocate().unwrap();
+        table.begin(index, generation);
+        let shard = (index, generation);
+        let producer = producer.join().unwrap();
+        assert_ne!(producer.0, shard.0, "two timers got slot {}", shard.0);
+        for (who, timer) in [("producer", producer), ("shard", shard)] {
+            assert!(
+                table.is_pending(timer.0, timer.1),
+                "the {who}'s timer {timer:?} is not pending (reclaimed: {reclaimed})"
+            );
+        }
+        assert!(
+            !table.cancel(old.0, old.1),
+            "stale {old:?} cancelled a new timer (reclaimed: {reclaimed})"
+        );
+    });
+}
+
 /// What a task that shuts the engine down from inside saw: it ran, and ran every timer its
 /// `shutdown()` returned.
 struct ShutdownInside {

@@ -423,17 +423,20 @@ impl ShardOwner {
     pub(crate) fn reclaim_idle_memory(&mut self, now_tick: u64) {
         let entries = &mut self.entries;
         let wheel = &mut self.wheel;
+        let stages = &mut self.stages;
+        let shared = &*self.shared;
+        let entries_held = entries.capacity() > KEPT_ENTRIES;
         self.reclaim.step(
             now_tick,
             self.live,
-            entries.capacity() > KEPT_ENTRIES,
-            &self.shared.slots,
-            &self.shared.clock,
-            || {
+            &shared.slots,
+            &shared.clock,
+            entries_held.then_some(|| {
                 debug_assert!(wheel.len() == 0, "wheel holds entries while none is live");
                 *entries = Entries::default();
                 wheel.reclaim_memory();
-            },
+            }),
+            || stages.flush_spares(&shared.stages, &shared.slots),
         );
     }
 

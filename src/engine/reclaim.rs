@@ -11,7 +11,8 @@
 //! slot table). While some are held, the shard tries again after [`RECLAIM_DELAY`], twice that,
 //! ... up to [`RECLAIM_RETRY_MAX`], walking the free list again only if it changed; once it has
 //! not changed for a whole longest wait, the shard stops (an idle engine must not wake
-//! forever), until a later turn finds it changed.
+//! forever), until a later turn finds it changed. Meanwhile producers keep no spare slots (see
+//! `IdleReclaim::refuse_spares`), and each try first flushes those they kept.
 
 use super::slot::{RECLAIM_ABOVE, Reclaim, SlotTable};
 use crate::clock::TickClock;
@@ -45,6 +46,8 @@ pub(crate) struct IdleReclaim {
     /// The slot table's free-list head at the last failed try: while it has not changed, a
     /// new walk would fail the same way.
     failed_head: Option<u64>,
+    /// Producers are told to keep no spare slots (see `refuse_spares`).
+    refusing_spares: bool,
 }
 
 impl IdleReclaim {
@@ -54,6 +57,22 @@ impl IdleReclaim {
             slots_seen: 0,
             backoff: 0,
             failed_head: None,
+            refusing_spares: false,
+        }
+    }
+
+    /// From the plan of a slot-table try until it succeeds (or the shard holds timers again),
+    /// producers free the slots they retract onto the free list, not into their spares
+    /// ([`SlotTable::refuse_spares`]): a slot coming back then changes the list's head, which
+    /// is what a try that failed waits for (a spare would change nothing the shard sees).
+    fn refuse_spares(&mut self, slots: &SlotTable, refuse: bool) {
+        if self.refusing_spares != refuse {
+            self.refusing_spares = refuse;
+            if refuse {
+                slots.refuse_spares();
+            } else {
+                slots.allow_spares();
+            }
         }
     }
 
@@ -67,25 +86,30 @@ impl IdleReclaim {
         self.at
     }
 
-    /// One turn's step at `now_tick`, for an owner holding `live` timers whose entry table is
-    /// `entries_held` (larger than [`KEPT_ENTRIES`]). Calls `give_back_entries` when the entry
-    /// table is to be given back, then tries the slot table if it is due.
+    /// One turn's step at `now_tick`, for an owner holding `live` timers. `give_back_entries`
+    /// is there if its entry table is larger than [`KEPT_ENTRIES`]: it is called when the
+    /// entry table is to be given back. Then the slot table is tried if that is due, after
+    /// `flush_spares` has moved the producers' spare slots onto its free list
+    /// ([`SlotTable::flush_spares`]).
     pub(crate) fn step(
         &mut self,
         now_tick: u64,
         live: usize,
-        entries_held: bool,
         slots: &SlotTable,
         clock: &TickClock,
-        give_back_entries: impl FnOnce(),
+        give_back_entries: Option<impl FnOnce()>,
+        flush_spares: impl FnOnce(),
     ) {
+        let entries_held = give_back_entries.is_some();
         if live != 0 {
             self.at = u64::MAX;
             self.backoff = 0;
             self.failed_head = None;
+            self.refuse_spares(slots, false);
             return;
         }
         let slots_held = self.slots_seen > RECLAIM_ABOVE;
+        self.refuse_spares(slots, slots_held);
         if !entries_held && !slots_held {
             self.at = u64::MAX;
             return;
@@ -102,13 +126,14 @@ impl IdleReclaim {
         if now_tick < self.at {
             return;
         }
-        if entries_held {
+        if let Some(give_back_entries) = give_back_entries {
             give_back_entries();
         }
         self.at = u64::MAX;
         if !slots_held {
             return;
         }
+        flush_spares();
         // How long the walk took, when there was one (it is O(slots), a cache miss a slot).
         let mut walk_nanos = 0;
         let outcome = match self.failed_head {
@@ -125,6 +150,7 @@ impl IdleReclaim {
                 self.slots_seen = 0;
                 self.backoff = 0;
                 self.failed_head = None;
+                self.refuse_spares(slots, false);
             }
             Reclaim::Busy { head } => {
                 let unchanged = self.failed_head == Some(head);

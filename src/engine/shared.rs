@@ -156,7 +156,12 @@ impl ShardShared {
         {
             return refuse(make, ScheduleError::Full);
         }
-        let Some((index, generation)) = self.slots.allocate() else {
+        // A sleep's timer first takes a slot this thread retracted (see `Stages::take_spare`).
+        let spare = match via {
+            Via::Stage => self.stages.take_spare(&self.slots),
+            Via::Inbox => None,
+        };
+        let Some((index, generation)) = spare.or_else(|| self.slots.allocate()) else {
             self.give_back_places(1);
             return refuse(make, ScheduleError::Full);
         };

@@ -12,7 +12,8 @@
 //! A cancel that finds `STAGED` set sends no message: the adoption finds it. Better still, the
 //! producer itself may *retract* a timer it staged ([`Stages::retract`]: a `Sleep` dropped on
 //! the thread that armed it): it takes the task back out of the cell and frees the slot at
-//! once, and the shard, finding the slot no longer staged, skips the cell without touching it.
+//! once (keeping it as a spare for its own next timer: [`Spares`]), and the shard, finding the
+//! slot no longer staged, skips the cell without touching it.
 //! Most of a server's timeouts end this way, never seen by their shard. A retracted timer
 //! in the last cell published is taken back whole (`Stage::rewind`): the next push reuses that
 //! cell, still in the producer's cache, so a thread whose timeouts end in the order they began
@@ -68,7 +69,7 @@
 //! it marks the inbox `DRAINED`; a producer that sees `DRAINED` drains its own stage, under
 //! `consuming`, so every cell is consumed by exactly one thread.
 
-use super::slot::{Adoption, SlotTable};
+use super::slot::{Adoption, SlotTable, Spares};
 use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, UnsafeCell};
 use crate::sync::{lock, thread, thread_local};
 use crate::task::Task;
@@ -147,6 +148,9 @@ struct ProducerSide {
     /// The `tail` at which the producer next reads `head` (and reaps) while the stage is
     /// past [`WAKE_FILL`].
     recheck_at: AtomicU64,
+    /// Slots the producer retracted, for its next timers (the shard flushes them before a
+    /// reclaim: see [`Spares`]).
+    spares: Spares,
 }
 
 /// One (thread, shard) pair's ring of staged timers. See the [module documentation](self).
@@ -189,6 +193,7 @@ impl Stage {
                 tail: AtomicU64::new(0),
                 head_seen: AtomicU64::new(0),
                 recheck_at: AtomicU64::new(0),
+                spares: Spares::default(),
             }),
             head: CachePadded::new(AtomicU64::new(0)),
             consuming: AtomicBool::new(false),
@@ -535,9 +540,17 @@ impl Stages {
         (shard == self.id).then(|| unsafe { &*stage })
     }
 
+    /// A slot this thread retracted earlier on this shard, if its stage keeps one
+    /// ([`SlotTable::take_spare`]): its index and generation, as `SlotTable::allocate` gives them.
+    #[inline]
+    pub(crate) fn take_spare(&self, slots: &SlotTable) -> Option<(u32, u32)> {
+        slots.take_spare(&self.own()?.producer.spares)
+    }
+
     /// The producer takes back timer `(index, generation)`, staged at `at`, before the shard
-    /// adopted it: cancelled, its one handle let go of, its slot freed
-    /// ([`SlotTable::retract`]), and its task handed to `dispose` (to be dropped). False
+    /// adopted it: cancelled, its one handle let go of, its slot freed into the stage's spares
+    /// or the free list ([`SlotTable::retract`]), and its task handed to `dispose` (to be
+    /// dropped). False
     /// (nothing changed) if this thread is not the stage's producer, or the timer is not in
     /// that state: the caller cancels it the ordinary way.
     #[inline]
@@ -552,7 +565,7 @@ impl Stages {
         let Some(own) = self.own() else {
             return false;
         };
-        if own.number != at.stage() || !slots.retract(index, generation) {
+        if own.number != at.stage() || !slots.retract(index, generation, &own.producer.spares) {
             return false;
         }
         // SAFETY: we are the stage's producer, so the cell at `at.cell()` holds this timer
@@ -650,6 +663,13 @@ impl StageList {
             }
         }
         taken
+    }
+
+    /// Before a reclaim: moves every stage's spare slots onto the free list
+    /// ([`SlotTable::flush_spares`]).
+    pub(crate) fn flush_spares(&mut self, stages: &Stages, slots: &SlotTable) {
+        self.refresh(stages);
+        slots.flush_spares(self.stages.iter().map(|stage| &stage.producer.spares));
     }
 
     /// Whether a stage holds a timer due before tick `tick` (see [`Consumer::due_before`]);

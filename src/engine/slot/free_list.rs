@@ -76,8 +76,19 @@ impl SlotTable {
             "slot {index} freed while referenced: {word:#x}"
         );
         let generation = (generation_of(word).wrapping_add(1) & GENERATION_MASK) as u64;
+        self.chain(index, generation << GENERATION_SHIFT | FREE, freed);
+    }
+
+    /// Links FREE slot `index`, whose word is `free_word` (FREE at its generation), at the
+    /// front of the chain `freed`.
+    pub(super) fn chain(&self, index: u32, free_word: u64, freed: &mut Freed) {
+        debug_assert_eq!(
+            lifecycle_of(free_word),
+            FREE,
+            "slot {index} chained while occupied"
+        );
         self.word(index).store(
-            generation << GENERATION_SHIFT | (freed.first as u64) << NEXT_FREE_SHIFT | FREE,
+            free_word & !NEXT_FREE_MASK | (freed.first as u64) << NEXT_FREE_SHIFT,
             Ordering::Relaxed,
         );
         if freed.first == 0 {

@@ -15,6 +15,7 @@
 //! * [`pages`]: page storage, where every `unsafe` of the table lives;
 //! * [`free_list`]: the lock-free list of free slots;
 //! * [`reclaim`]: giving the table's memory back when its shard is idle, and why that is safe;
+//! * [`spares`]: the free slots a stage's producer keeps for its own next timers;
 //! * `hook`: the loom models' handle on a table (`cfg(shardwheel_loom)` only); `tests`.
 //!
 //! # The state word
@@ -53,7 +54,7 @@
 //! | FREE                      | allocate + [`begin_staged`] (submitter, one-shot) | PENDING, SHARD, STAGED, 1 handle |
 //! | PENDING, STAGED           | [`adopt`] (shard, at the stage's cell)  | STAGED cleared: the shard holds it |
 //! | CANCELLED, STAGED         | [`adopt`] (shard, at the stage's cell)  | STAGED and SHARD cleared (task dropped) |
-//! | PENDING, STAGED, 1 handle | [`retract`] (the stage's producer, its handle's owner) | CANCELLED, nothing held: freed at once (task taken back) |
+//! | PENDING, STAGED, 1 handle | [`retract`] (the stage's producer, its handle's owner) | CANCELLED, nothing held: freed at once (task taken back), into the producer's [`spares`] if there is room |
 //! | PENDING                   | [`cancel`] (any thread)                 | CANCELLED (shard told by message, unless STAGED: it finds out at [`adopt`]) |
 //! | PENDING                   | [`cancel_and_release`] (a `Sleep`)      | CANCELLED, handles - 1 (message as for [`cancel`]) |
 //! | FIRED/CANCELLED           | [`cancel_and_release`] (a `Sleep`)      | handles - 1 (as a handle's drop) |
@@ -68,6 +69,8 @@
 //! | RUNNING, after shutdown   | [`end_run_after_shutdown`] (runner)     | CANCELLED if PENDING; SHARD cleared |
 //! | CANCELLED                 | [`let_go`] (shard)                      | SHARD cleared                    |
 //! | FIRED/CANCELLED, no SHARD, no handles | last of the above (whoever) | FREE, generation + 1, on free list (the shard's let-go on a `Cancel` message: first in its [`Freed`] chain, pushed at the end of its drain) |
+//! | FREE, a spare             | taken by its producer ([`spares`])      | as allocated                     |
+//! | FREE, a spare             | flushed by the shard, before a reclaim ([`spares`]) | on the free list     |
 //! | every slot FREE and on the free list | [`try_reclaim`] (shard, idle)    | off the list; fresh again, at a generation above all; page memory given back |
 //!
 //! Every transition is one compare-and-swap or read-modify-write of the word, so exactly one
@@ -133,6 +136,7 @@ mod free_list;
 mod hook;
 mod pages;
 mod reclaim;
+mod spares;
 #[cfg(test)]
 mod tests;
 mod word;
@@ -142,8 +146,9 @@ pub(crate) use free_list::Freed;
 pub use hook::SlotTableHook;
 pub(crate) use pages::Slot;
 pub(crate) use reclaim::{RECLAIM_ABOVE, Reclaim};
+pub(crate) use spares::Spares;
 
-use crate::sync::{AtomicU64, Ordering, thread};
+use crate::sync::{AtomicBool, AtomicU64, Ordering, thread};
 use crossbeam_utils::CachePadded;
 use pages::{PAGES, Pages, locate};
 use word::*;
@@ -258,6 +263,9 @@ pub(crate) struct SlotTable {
     free_head: CachePadded<AtomicU64>,
     /// Slots never handed out (since the last reclaim) start here.
     fresh: CachePadded<Fresh>,
+    /// Producers are to keep no [spares](spares) (read at each spare taken or given, written
+    /// by the shard around its reclaims).
+    flushing: CachePadded<AtomicBool>,
 }
 
 impl std::fmt::Debug for SlotTable {
@@ -280,6 +288,7 @@ impl SlotTable {
                 next: AtomicU64::new(ALL_READY),
                 generation: AtomicU64::new(0),
             }),
+            flushing: CachePadded::new(AtomicBool::new(false)),
         }
     }
 
@@ -428,7 +437,7 @@ impl SlotTable {
     /// nothing held, and freed at once. True iff done: the caller then owns the task in the
     /// stage's cell and counts the cancel; the shard will skip the cell
     /// ([`Adoption::Retracted`]).
-    pub(crate) fn retract(&self, index: u32, generation: u32) -> bool {
+    pub(crate) fn retract(&self, index: u32, generation: u32, spares: &Spares) -> bool {
         let slot = self.word(index);
         let mut word = slot.load(Ordering::Acquire);
         loop {
@@ -442,7 +451,7 @@ impl SlotTable {
             let new = word & !(LIFECYCLE_MASK | STAGED | SHARD | HANDLE_MASK) | CANCELLED;
             match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
-                    self.free(index, new);
+                    self.free_to_spares(index, new, spares);
                     return true;
                 }
                 Err(actual) => word = actual,

@@ -1,4 +1,5 @@
 use super::pages::page_len;
+use super::spares::SPARES;
 use super::*;
 
 #[test]
@@ -297,4 +298,69 @@ fn freed_chain_goes_onto_the_list_in_one_push() {
     let head = table.free_head();
     table.push_freed(&mut freed);
     assert_eq!(table.free_head(), head);
+}
+
+/// Stages `count` timers and retracts them all, as their producer: into `spares` while there
+/// is room, the rest onto the free list. Returns their (index, generation).
+fn stage_and_retract(table: &SlotTable, spares: &Spares, count: usize) -> Vec<(u32, u32)> {
+    (0..count)
+        .map(|_| {
+            let (index, generation) = table.allocate().unwrap();
+            table.begin_staged(index, generation, 10);
+            assert!(table.retract(index, generation, spares));
+            (index, generation)
+        })
+        .collect()
+}
+
+#[test]
+fn retracted_slots_come_back_as_spares_at_their_next_generation() {
+    let table = SlotTable::new();
+    let spares = Spares::default();
+    let (index, generation) = stage_and_retract(&table, &spares, 1)[0];
+    let head = table.free_head();
+    assert_eq!(table.take_spare(&spares), Some((index, generation + 1)));
+    assert_eq!(table.free_head(), head, "a spare is on no list");
+    assert_eq!(table.take_spare(&spares), None);
+    table.begin_staged(index, generation + 1, 10);
+    assert!(
+        !table.cancel(index, generation),
+        "stale handle must not cancel"
+    );
+    assert!(table.retract(index, generation + 1, &spares));
+}
+
+#[test]
+fn spares_overflow_onto_the_list_and_are_flushed_before_a_reclaim() {
+    let table = SlotTable::new();
+    let spares = Spares::default();
+    // Held at once, then retracted: the spares fill up, the rest go onto the list.
+    let held: Vec<_> = (0..SPARES + 5)
+        .map(|_| {
+            let (index, generation) = table.allocate().unwrap();
+            table.begin_staged(index, generation, 10);
+            (index, generation)
+        })
+        .collect();
+    for &(index, generation) in &held {
+        assert!(table.retract(index, generation, &spares));
+    }
+    assert_eq!(spares.len.load(Ordering::Relaxed) as usize, SPARES);
+    // Spares block a reclaim until flushed.
+    assert!(matches!(table.try_reclaim_above(0), Reclaim::Busy { .. }));
+    table.refuse_spares();
+    table.flush_spares([&spares]);
+    assert_eq!(spares.len.load(Ordering::Relaxed), 0);
+    // Refused: a retraction goes onto the list, and no spare is kept.
+    stage_and_retract(&table, &spares, 1);
+    assert_eq!(spares.len.load(Ordering::Relaxed), 0);
+    assert_eq!(table.take_spare(&spares), None);
+    assert_eq!(table.try_reclaim_above(0), Reclaim::Reclaimed);
+    table.allow_spares();
+    for (index, generation) in held {
+        assert!(
+            !table.cancel(index, generation),
+            "stale handle must not cancel"
+        );
+    }
 }
