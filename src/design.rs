@@ -19,7 +19,8 @@
 //! 2. **Schedule** (any thread). The thread's home shard is chosen at its first schedule and
 //!    moved only when the thread stays on another core: the policy and the per-thread
 //!    numbering it uses live in `src/engine/placement.rs`. The caller takes a
-//!    slot from that shard's slot table (lock-free; `src/engine/slot/free_list.rs`), writes the
+//!    slot from that shard's slot table (lock-free; `src/engine/slot/free_list.rs`; a `Sleep`'s
+//!    timer first takes one its thread retracted, `src/engine/slot/spares.rs`), writes the
 //!    deadline beside its state word (bit layout: `src/engine/slot/word.rs`), counts the timer
 //!    against the pending limit and hands the task over (`src/engine/shared.rs`): a `Sleep`'s
 //!    timer goes, marked STAGED, into the thread's own ring for that shard, its *stage*, with
@@ -69,14 +70,17 @@
 //! (storage and all of its `unsafe`: `src/engine/slot/pages.rs`). The inbox's message queue
 //! reuses its blocks without epochs either: a block goes back only once every producer that
 //! could still reach it has written its cell and the shard has read it
-//! (`src/engine/queue.rs`).
+//! (`src/engine/queue.rs`). The sleeps of an owned `Timer` keep its engine's memory alive by
+//! counts on per-thread stripes, written without locked instructions; the timer's drop pays
+//! for that with one `membarrier` (`src/engine/lease.rs`, the barrier in `src/sync.rs`).
 //!
 //! An idle shard gives memory back: its entry table, and once every handle is gone its slot
 //! pages (`madvise`, in place), with a backoff so that an idle engine stays asleep
 //! (`src/engine/reclaim.rs`). In one line, the slot table's reclaim protocol commits only when
 //! no slot is in use, being allocated or being freed, and restarts generations above every one
 //! used before so that no stale message can reach a new timer; its invariants, and what keeps
-//! each, are the table in `src/engine/slot/reclaim.rs`.
+//! each, are the table in `src/engine/slot/reclaim.rs`. The slots producers keep as spares are
+//! flushed onto the free list first (`src/engine/slot/spares.rs`).
 //!
 //! # User code
 //!
