@@ -257,6 +257,12 @@ impl Stage {
             cell.task.with_mut(|slot| (*slot).write(make()));
         }
         crate::sync::swap_then_fence(&producer.tail, tail + 1, Ordering::AcqRel);
+        // The next push writes the next cell, last touched a lap ago and by now out of this
+        // core's cache: taken for writing here, its fetch overlaps the caller's work instead of
+        // holding up that push's exchange (which waits for the cell's stores).
+        let next = std::ptr::from_ref(self.cell(tail + 1));
+        crate::prefetch::for_write(next);
+        crate::prefetch::for_write(next.cast::<u8>().wrapping_add(size_of::<Cell>() - 1));
         Ok((StagedAt::new(self.number, tail), filling))
     }
 
