@@ -177,13 +177,31 @@ fn memory_flat_under_unpaced_churn() {
     check(1_000_000, Duration::from_secs(8), false);
 }
 
+/// Waits (up to 10 s) until the resident set is at least three quarters of the slot table of
+/// `timers` timers (16 bytes each) below `held_pages`, and prints what happened.
+fn assert_slot_memory_returns(held_pages: u64, timers: usize, what: &str) {
+    const PAGE_BYTES: u64 = 4096;
+    let slot_pages = (16 * timers as u64) / PAGE_BYTES;
+    let started = Instant::now();
+    let released = support::wait_until(Duration::from_secs(10), || {
+        held_pages.saturating_sub(resident_pages()) >= slot_pages * 3 / 4
+    });
+    println!(
+        "{what}: resident {} KiB before, {} KiB {:?} after (slot table: {} KiB)",
+        held_pages * PAGE_BYTES / 1024,
+        resident_pages() * PAGE_BYTES / 1024,
+        started.elapsed(),
+        slot_pages * PAGE_BYTES / 1024
+    );
+    assert!(released, "the slot table's memory was not given back");
+}
+
 /// Cancelling every timer gives the slot table's memory (16 bytes a timer) back to the
 /// operating system, but only once the last handle is gone: a handle held keeps it, and
 /// dropping that handle later still releases it (the idle shard tries again, backing off).
 #[test]
 fn slot_memory_returns_once_every_handle_is_gone() {
     const TIMERS: usize = 500_000;
-    const PAGE_BYTES: u64 = 4096;
     let _serial = serial();
     let timer = Timer::builder().shards(1).build().unwrap();
     let mut handles: Vec<TimerHandle> = (0..TIMERS)
@@ -206,20 +224,11 @@ fn slot_memory_returns_once_every_handle_is_gone() {
     std::thread::sleep(Duration::from_millis(300));
     let held_pages = resident_pages();
     drop(held);
-    let slot_pages = (16 * TIMERS as u64) / PAGE_BYTES;
-    let started = Instant::now();
-    let released = support::wait_until(Duration::from_secs(10), || {
-        held_pages.saturating_sub(resident_pages()) >= slot_pages * 3 / 4
-    });
-    println!(
-        "{TIMERS} timers: resident {} KiB with one handle held, {} KiB {:?} after dropping it \
-         (slot table: {} KiB)",
-        held_pages * PAGE_BYTES / 1024,
-        resident_pages() * PAGE_BYTES / 1024,
-        started.elapsed(),
-        slot_pages * PAGE_BYTES / 1024
+    assert_slot_memory_returns(
+        held_pages,
+        TIMERS,
+        &format!("{TIMERS} timers, one handle held, then dropped"),
     );
-    assert!(released, "the slot table's memory was not given back");
     // The engine works on, from a released table.
     let fired = counter();
     let handle = {
@@ -242,7 +251,6 @@ fn slot_memory_returns_once_every_handle_is_gone() {
 #[test]
 fn slot_memory_returns_once_every_sleep_is_dropped() {
     const SLEEPS: usize = 300_000;
-    const PAGE_BYTES: u64 = 4096;
     let _serial = serial();
     let timer = Timer::builder().shards(1).build().unwrap();
     let (_, waker) = support::counting_waker();
@@ -259,20 +267,11 @@ fn slot_memory_returns_once_every_sleep_is_dropped() {
     while let Some(sleep) = sleeps.pop() {
         drop(sleep);
     }
-    let slot_pages = (16 * SLEEPS as u64) / PAGE_BYTES;
-    let started = Instant::now();
-    let released = support::wait_until(Duration::from_secs(10), || {
-        held_pages.saturating_sub(resident_pages()) >= slot_pages * 3 / 4
-    });
-    println!(
-        "{SLEEPS} sleeps: resident {} KiB armed, {} KiB {:?} after dropping them (slot table: \
-         {} KiB)",
-        held_pages * PAGE_BYTES / 1024,
-        resident_pages() * PAGE_BYTES / 1024,
-        started.elapsed(),
-        slot_pages * PAGE_BYTES / 1024
+    assert_slot_memory_returns(
+        held_pages,
+        SLEEPS,
+        &format!("{SLEEPS} sleeps, armed, then dropped"),
     );
-    assert!(released, "the slot table's memory was not given back");
     // The engine works on, from a released table, and this thread's spares too.
     let mut sleep = Box::pin(timer.sleep(Duration::from_millis(1)));
     assert!(support::poll_once(&mut sleep, &waker).is_pending());
