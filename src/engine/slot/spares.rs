@@ -18,10 +18,12 @@
 //! ([`flush_spares`](SlotTable::flush_spares)); from the moment it plans the try until the
 //! reclaim succeeds (or its shard holds timers again), producers keep no spares
 //! ([`refuse_spares`](SlotTable::refuse_spares)): a slot they free then goes onto the list,
-//! whose head is what a shard that failed a try watches for a change. Producer and flush meet as in Dekker's protocol, with
-//! the cost on the flush's side ([`asymmetric`]): a producer marks itself `busy`, runs the light
-//! side of the barrier, and reads `flushing`; the flush sets `flushing`, runs the heavy side,
-//! and then reads each producer's `busy`.
+//! whose head is what a shard that failed a try watches for a change.
+//!
+//! Producer and flush meet as in Dekker's protocol, with the cost on the flush's side
+//! ([`asymmetric`]): a producer marks itself `busy`, runs the light side of the barrier, and
+//! reads `flushing`; the flush (`flushing` already set) runs the heavy side, and then reads
+//! each producer's `busy`.
 //!
 //! | the producer's read of `flushing` | the producer | the flush |
 //! |-----------------------------------|--------------|-----------|
@@ -43,7 +45,7 @@ pub(crate) const SPARES: usize = 8;
 /// [module documentation](self)).
 #[derive(Debug, Default)]
 pub(crate) struct Spares {
-    /// The producer is between its read of `flushing` and its last store to the spares.
+    /// The producer is between its store of `busy` and its last store to the spares.
     busy: AtomicBool,
     /// How many of `slots` hold a spare.
     pub(super) len: AtomicU32,
