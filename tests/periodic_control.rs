@@ -309,7 +309,9 @@ fn a_reset_during_a_run_moves_the_run_after_it() {
     is_started.recv_timeout(Duration::from_secs(5)).unwrap();
     let reset_at = Instant::now();
     assert!(handle.reset(ms(120)), "reset while running");
-    assert!(wait_until(Duration::from_secs(5), || runs.len() == 3));
+    // At least three: the runs after the reset come every 10 ms, and a loaded machine may keep
+    // this thread from looking while there are exactly three.
+    assert!(wait_until(Duration::from_secs(5), || runs.len() >= 3));
     handle.cancel();
     let runs = runs.get();
     let shown = millis_since(reset_at, &runs);
