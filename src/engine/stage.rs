@@ -171,7 +171,8 @@ pub(crate) struct Stage {
     shard_gone: AtomicBool,
     /// Its place in the shard's registry.
     number: u16,
-    cells: Box<[Cell]>,
+    /// A fixed-size array: a cell's number, taken modulo [`CAPACITY`], needs no bounds check.
+    cells: Box<[Cell; CAPACITY as usize]>,
 }
 
 // SAFETY: the cells are accessed as the module documentation's table says: the producer writes
@@ -199,12 +200,10 @@ impl Stage {
             consuming: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
             shard_gone: AtomicBool::new(false),
-            cells: (0..CAPACITY)
-                .map(|_| Cell {
-                    meta: UnsafeCell::new(MaybeUninit::uninit()),
-                    task: UnsafeCell::new(MaybeUninit::uninit()),
-                })
-                .collect(),
+            cells: Box::new(std::array::from_fn(|_| Cell {
+                meta: UnsafeCell::new(MaybeUninit::uninit()),
+                task: UnsafeCell::new(MaybeUninit::uninit()),
+            })),
         }
     }
 
