@@ -33,11 +33,12 @@
 //! | `LONG`            | always (the shard will not look again for long)  | its deadline is before the shard's wake-up tick, or its stage is filling up |
 //! | not `LONG`        | when its [deadline](Message::deadline_tick) is before the shard's wake-up tick | the same |
 //!
-//! A shard parks "short" (at most [`DRAIN_INTERVAL`]) right after it processed messages, so a
-//! busy inbox costs one wake-up per interval, not one per message, and an idle engine none. A
-//! short park may leave messages that are not urgent in the queue (a cancel never is): the
-//! shard applies them when it wakes, in a batch, instead of reading each one right behind the
-//! submitter writing the next.
+//! A shard parks "short" right after it processed messages or staged timers, so a busy inbox
+//! costs one wake-up per interval, not one per message, and an idle engine none: at most
+//! [`DRAIN_INTERVAL`] after taking [`BUSY_TAKE`] or more since it last parked, at most
+//! [`TRICKLE_INTERVAL`] after taking fewer. A short park may leave messages that are not urgent
+//! in the queue (a cancel never is): the shard applies them when it wakes, in a batch, instead
+//! of reading each one right behind the submitter writing the next.
 //!
 //! The timers of `Sleep`s come through [stages](super::stage) instead: their producers read the
 //! flags after publishing, with a fence (see [`Inbox::staged`]), and the shard looks at the
@@ -74,9 +75,21 @@ const WRITE_WAIT_SPINS: u32 = 32;
 #[cfg(shardwheel_loom)]
 const WRITE_WAIT_SPINS: u32 = 1;
 
-/// How long a shard that just processed messages sleeps at most before looking again: also
-/// how long a timer may wait in a [stage](super::stage) (and be cancelled there for free).
+/// How long a shard that just took [`BUSY_TAKE`] or more messages and staged timers sleeps at
+/// most before looking again: a busy inbox's backlog is what arrives in this time.
 pub(crate) const DRAIN_INTERVAL: Duration = Duration::from_millis(10);
+
+/// How long a shard that just took fewer than [`BUSY_TAKE`] sleeps at most before looking
+/// again: also how long a timer may wait in a [stage](super::stage) (and be cancelled there for
+/// free) while its stage is not filling up. Each of these wake-ups takes the CPU from the thread
+/// that runs there, typically a server's worker whose own timeouts trickle in: waking every
+/// [`DRAIN_INTERVAL`] for them would cost it more than the few it takes.
+pub(crate) const TRICKLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Messages and staged timers taken since the shard last parked from which it parks for
+/// [`DRAIN_INTERVAL`] rather than [`TRICKLE_INTERVAL`]: below this, the backlog of a trickle
+/// interval is some tens of thousands of messages at most.
+pub(crate) const BUSY_TAKE: usize = 4096;
 
 /// What a push found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -110,7 +110,8 @@ pub(crate) trait OwnerHold {
 
 /// What one [`ShardOwner::turn`] did.
 pub(crate) struct Turn {
-    /// Messages applied.
+    /// Messages applied or staged timers taken, whichever were more (each at most
+    /// [`DRAIN_BATCH`]).
     pub(crate) drained: usize,
     /// Whether any task was handed out to run.
     pub(crate) ran: bool,

@@ -3,7 +3,7 @@
 
 use super::executor::Dispatch;
 use super::handoff::{self, Handoff};
-use super::inbox::{DRAIN_INTERVAL, ParkOutcome};
+use super::inbox::{BUSY_TAKE, DRAIN_INTERVAL, ParkOutcome, TRICKLE_INTERVAL};
 use super::owner::{DRAIN_BATCH, OwnerHold, ShardOwner};
 use super::placement;
 use super::shared::ShardShared;
@@ -185,7 +185,9 @@ fn turns(slot: &mut Option<ShardOwner>, handoff: &mut Handoff, dispatch: &Dispat
     let shared = owner.shared.clone();
     let clock = &shared.clock;
     let drain_ticks = clock.ticks_in(DRAIN_INTERVAL);
-    let mut active = false;
+    let trickle_ticks = clock.ticks_in(TRICKLE_INTERVAL);
+    // Messages and staged timers taken since the last park.
+    let mut taken = 0;
     loop {
         #[cfg(feature = "test-hooks")]
         if shared
@@ -205,7 +207,7 @@ fn turns(slot: &mut Option<ShardOwner>, handoff: &mut Handoff, dispatch: &Dispat
             return;
         };
         let (drained, now) = (turn.drained, turn.now);
-        active |= drained > 0;
+        taken += drained;
         if shared.inbox.is_closed() {
             return;
         }
@@ -216,16 +218,16 @@ fn turns(slot: &mut Option<ShardOwner>, handoff: &mut Handoff, dispatch: &Dispat
         if next <= now {
             continue;
         }
-        // Right after processing messages, look again within DRAIN_INTERVAL and let only
-        // urgent messages wake us; when quiet, sleep until the next deadline and let any
-        // message wake us.
+        // Right after taking messages or staged timers, look again within DRAIN_INTERVAL (a
+        // busy inbox) or TRICKLE_INTERVAL (a trickle), and let only urgent messages wake us;
+        // when quiet, sleep until the next deadline and let any message wake us.
         let drain_tick = now.saturating_add(drain_ticks);
-        let (wake, long) = if active {
-            (next.min(drain_tick), false)
-        } else {
-            (next, next > drain_tick)
+        let (wake, long) = match taken {
+            0 => (next, next > drain_tick),
+            busy if busy >= BUSY_TAKE => (next.min(drain_tick), false),
+            _ => (next.min(now.saturating_add(trickle_ticks)), false),
         };
-        active = false;
+        taken = 0;
         let staged_due = |tick| owner.staged_due_before(tick);
         match shared
             .inbox
