@@ -26,6 +26,10 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct HyperTimer {
     timer: Which,
+    /// The timer runs on the system clock: [`now`](hyper::rt::Timer::now) is `Instant::now()`,
+    /// found without following the timer to its clock (lines a server's worker has rarely
+    /// read since the last request).
+    system_clock: bool,
 }
 
 /// The timer a [`HyperTimer`] schedules on.
@@ -43,6 +47,7 @@ impl HyperTimer {
     /// Hyper's timeouts on `timer`.
     pub fn new(timer: Timer) -> HyperTimer {
         HyperTimer {
+            system_clock: !timer.clock().is_manual(),
             timer: Which::Given(timer),
         }
     }
@@ -65,6 +70,7 @@ impl Default for HyperTimer {
     fn default() -> HyperTimer {
         match crate::default_timer() {
             Ok(timer) => HyperTimer {
+                system_clock: !timer.clock().is_manual(),
                 timer: Which::Default(timer),
             },
             Err(error) => panic!("shardwheel: could not build the default timer: {error}"),
@@ -90,6 +96,9 @@ impl hyper::rt::Timer for HyperTimer {
     }
 
     fn now(&self) -> Instant {
+        if self.system_clock {
+            return Instant::now();
+        }
         self.timer().clock().now()
     }
 

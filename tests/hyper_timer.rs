@@ -170,3 +170,18 @@ impl std::future::Future for ForeignSleep {
 }
 
 impl hyper::rt::Sleep for ForeignSleep {}
+
+#[test]
+fn hyper_timer_now_follows_a_manual_clock() {
+    let clock = shardwheel::Clock::manual();
+    let timer = Timer::builder()
+        .shards(1)
+        .clock(clock.clone())
+        .build()
+        .expect("build timer");
+    let hyper_timer = HyperTimer::new(timer);
+    let before = hyper_timer.now();
+    assert_eq!(before, clock.now());
+    clock.advance(Duration::from_secs(3600));
+    assert_eq!(hyper_timer.now(), before + Duration::from_secs(3600));
+}
