@@ -200,10 +200,19 @@ impl Stage {
             consuming: AtomicBool::new(false),
             orphaned: AtomicBool::new(false),
             shard_gone: AtomicBool::new(false),
-            cells: Box::new(std::array::from_fn(|_| Cell {
-                meta: UnsafeCell::new(MaybeUninit::uninit()),
-                task: UnsafeCell::new(MaybeUninit::uninit()),
-            })),
+            // Made on the heap (a `Box::new` of the array may build it on the stack first: too
+            // much for a thread with a small stack).
+            cells: match (0..CAPACITY)
+                .map(|_| Cell {
+                    meta: UnsafeCell::new(MaybeUninit::uninit()),
+                    task: UnsafeCell::new(MaybeUninit::uninit()),
+                })
+                .collect::<Box<[Cell]>>()
+                .try_into()
+            {
+                Ok(cells) => cells,
+                Err(_) => unreachable!("the iterator yields CAPACITY cells"),
+            },
         }
     }
 
