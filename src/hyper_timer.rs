@@ -46,10 +46,17 @@ enum Which {
 impl HyperTimer {
     /// Hyper's timeouts on `timer`.
     pub fn new(timer: Timer) -> HyperTimer {
-        HyperTimer {
-            system_clock: !timer.clock().is_manual(),
-            timer: Which::Given(timer),
-        }
+        HyperTimer::on(Which::Given(timer))
+    }
+
+    /// Hyper's timeouts on `timer`, deciding once whether it runs on the system clock.
+    fn on(timer: Which) -> HyperTimer {
+        let mut hyper_timer = HyperTimer {
+            timer,
+            system_clock: false,
+        };
+        hyper_timer.system_clock = !hyper_timer.timer().clock().is_manual();
+        hyper_timer
     }
 
     /// The timer it schedules on.
@@ -69,10 +76,7 @@ impl Default for HyperTimer {
     /// If the default timer cannot be built.
     fn default() -> HyperTimer {
         match crate::default_timer() {
-            Ok(timer) => HyperTimer {
-                system_clock: !timer.clock().is_manual(),
-                timer: Which::Default(timer),
-            },
+            Ok(timer) => HyperTimer::on(Which::Default(timer)),
             Err(error) => panic!("shardwheel: could not build the default timer: {error}"),
         }
     }

@@ -213,17 +213,13 @@ fn rewinds_race_the_shards_drains() {
 /// A thread's first sleep on a shard makes its stage: on the heap, not on a small stack.
 #[test]
 fn a_thread_with_a_small_stack_stages_a_sleep() {
-    let timer = shardwheel::Timer::builder()
-        .shards(1)
-        .build()
-        .expect("build timer");
-    let poller = timer.clone();
+    let timer = Timer::builder().shards(1).build().expect("build timer");
     let pending = std::thread::Builder::new()
         .stack_size(64 * 1024)
         .spawn(move || {
-            let mut sleep = std::pin::pin!(poller.sleep(std::time::Duration::from_secs(60)));
-            let mut context = std::task::Context::from_waker(std::task::Waker::noop());
-            std::future::Future::poll(sleep.as_mut(), &mut context).is_pending()
+            let mut sleep = std::pin::pin!(timer.sleep(Duration::from_secs(60)));
+            let mut context = Context::from_waker(Waker::noop());
+            sleep.as_mut().poll(&mut context).is_pending()
         })
         .expect("spawn a thread")
         .join()
