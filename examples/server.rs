@@ -5,7 +5,7 @@
 //! cargo run --release --features hyper --example server -- --timer shardwheel --seconds 10
 //! ```
 //!
-//! Flags: `--timer shardwheel|tokio|none` (default shardwheel), `--addr 127.0.0.1:PORT` (default
+//! Flags: `--timer shardwheel|tokio|none|hyper-only` (default shardwheel), `--addr 127.0.0.1:PORT` (default
 //! 127.0.0.1:8080), `--workers N` (tokio worker threads; default: available parallelism),
 //! `--seconds S` (the server stops by itself after S seconds; default 10), `--idle-seconds S`
 //! (the connection idle timeout; default 60). At exit it prints one
@@ -14,15 +14,18 @@
 //! Every backend runs the same code ([`serve_connection`] is generic over [`Backend`]), with
 //! three timeouts:
 //!
-//! | timeout | duration | set | tokio | shardwheel | none |
-//! |---|---|---|---|---|---|
-//! | hyper's header read | 30 s | each request's head | `TokioTimer` | `shardwheel::HyperTimer` | off |
-//! | request | 30 s | wraps each request's response future | `tokio::time::timeout` | `shardwheel::timeout` | off |
-//! | connection idle | 60 s | one `Sleep` per connection, reset after each request | `tokio::time::sleep` | `shardwheel::sleep` | off |
+//! | timeout | duration | set | tokio | shardwheel | none | hyper-only |
+//! |---|---|---|---|---|---|---|
+//! | hyper's header read | 30 s | each request's head | `TokioTimer` | `shardwheel::HyperTimer` | off | a timer whose sleeps never fire |
+//! | request | 30 s | wraps each request's response future | `tokio::time::timeout` | `shardwheel::timeout` | off | off |
+//! | connection idle | 60 s | one `Sleep` per connection, reset after each request | `tokio::time::sleep` | `shardwheel::sleep` | off | off |
 //!
-//! `none` is the floor: what the server costs without any timer. Only the tokio backend turns on
-//! tokio's time driver, so each backend pays for its own timer only. `examples/server-bench.sh`
-//! runs the three under `wrk` and prints requests/s and CPU per request.
+//! `none` is the floor: what the server costs without any timer. `hyper-only` is what hyper
+//! adds once it has a timer at all, whichever: with a header-read timeout it reads once more
+//! after each request's head (to start the next one's timeout) and boxes a sleep per request.
+//! Only the tokio backend turns on tokio's time driver, so each backend pays for its own timer
+//! only. `examples/server-bench.sh` runs them under `wrk` and prints requests/s and CPU per
+//! request; `examples/server-instructions.sh` counts instructions per request under callgrind.
 
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -157,6 +160,60 @@ impl Backend for NoTimer {
     }
 }
 
+/// hyper's header-read timeout on a timer that costs nothing (its sleeps never fire), and no
+/// other timeout: what hyper itself does differently once it has a timer, whichever timer that
+/// is. A timer's share above this floor is the timer's own work.
+struct HyperOnly;
+
+impl Backend for HyperOnly {
+    const NAME: &'static str = "hyper-only";
+    const TOKIO_TIME: bool = false;
+    type Sleep = std::future::Pending<()>;
+
+    fn sleep(_: Duration) -> Self::Sleep {
+        std::future::pending()
+    }
+
+    fn reset(_: Pin<&mut Self::Sleep>, _: Duration) {}
+
+    async fn timeout<F: Future + Send>(_: Duration, future: F) -> Result<F::Output, TimedOut> {
+        Ok(future.await)
+    }
+
+    fn configure(builder: &mut http1::Builder) {
+        builder
+            .timer(NeverTimer)
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+    }
+}
+
+/// A hyper timer whose sleeps never complete; zero-sized, so boxing one allocates nothing.
+#[derive(Clone, Copy, Debug)]
+struct NeverTimer;
+
+/// [`NeverTimer`]'s sleep.
+struct NeverSleep;
+
+impl Future for NeverSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<()> {
+        Poll::Pending
+    }
+}
+
+impl hyper::rt::Sleep for NeverSleep {}
+
+impl hyper::rt::Timer for NeverTimer {
+    fn sleep(&self, _: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(NeverSleep)
+    }
+
+    fn sleep_until(&self, _: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(NeverSleep)
+    }
+}
+
 /// The server's settings (the command line's flags).
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
@@ -190,7 +247,7 @@ impl Config {
                 }
                 "-h" | "--help" => {
                     return Err(
-                        "usage: server [--timer shardwheel|tokio|none] [--addr IP:PORT] \
+                        "usage: server [--timer shardwheel|tokio|none|hyper-only] [--addr IP:PORT] \
                                 [--workers N] [--seconds S] [--idle-seconds S]"
                             .into(),
                     );
@@ -272,7 +329,10 @@ pub(crate) fn run(
         TokioBackend::NAME => run_on::<TokioBackend>(config, listener),
         ShardwheelBackend::NAME => run_on::<ShardwheelBackend>(config, listener),
         NoTimer::NAME => run_on::<NoTimer>(config, listener),
-        other => Err(format!("unknown timer {other:?}: shardwheel, tokio or none").into()),
+        HyperOnly::NAME => run_on::<HyperOnly>(config, listener),
+        other => {
+            Err(format!("unknown timer {other:?}: shardwheel, tokio, none or hyper-only").into())
+        }
     }
 }
 
