@@ -72,6 +72,14 @@ impl TimerSlot {
         shard.reset(self.index, self.generation, shard.clock.tick_at(deadline))
     }
 
+    /// Counts a reset that moved only the sleep's deadline (see [`Sleep::reset`]), as the
+    /// shard's `reset` counts one done in place.
+    fn count_reset(self, engine: &Engine) {
+        self.shard(engine)
+            .counters
+            .count_reset(crate::stats::counter_stripe());
+    }
+
     /// Lets go of the handle (as dropping a `TimerHandle` does).
     fn release(self, engine: &Engine) {
         self.shard(engine).slots.drop_handle(self.index);
@@ -132,8 +140,16 @@ impl WakerIdentity {
 /// | state | poll | `reset(when)` | drop |
 /// |-------|------|---------------|------|
 /// | unarmed | deadline seen to pass: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
-/// | armed | timer fired (or, on a manual clock, deadline passed): elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | moves the timer in place; if it already fired: unarmed | cancels the timer |
+/// | armed | timer fired: if the deadline moved past the timer's, unarmed, then as unarmed; else (or, on a manual clock, deadline passed) elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | at or after the timer's: new deadline only, the timer stays; before it: moves the timer in place (if it already fired: unarmed) | cancels the timer |
 /// | elapsed | ready | unarmed, with the new deadline | nothing |
+///
+/// A reset that moves the deadline later, the common case (an idle timeout pushed back at each
+/// request), touches no shared memory: the timer stays where it is, and when it fires, the
+/// sleep's task is woken once before its deadline; that poll finds the deadline ahead and
+/// schedules a timer for it. So a sleep reset at every request costs its engine one timer per
+/// stretch of the timer's length, not a deadline swap per reset (tokio's driver, likewise,
+/// finds such a timer fired early and stores it again). The early wake-up is one a future must
+/// expect anyway; a sleep never completes before its deadline.
 ///
 /// No wake-up is lost: a poll that returns pending either scheduled the timer for its own
 /// waker, or found the timer pending with a waker that wakes the same task (the sleep keeps the
@@ -165,6 +181,9 @@ pub struct Sleep {
     timer: TimerSlot,
     /// The waker its task wakes.
     waker: WakerIdentity,
+    /// When the armed timer is due, if a reset has moved `deadline` (later) without it; `None`:
+    /// the timer is due at `deadline`.
+    timer_due: Option<Instant>,
     elapsed: bool,
 }
 
@@ -188,6 +207,7 @@ impl Sleep {
             armed: false,
             timer: TimerSlot::default(),
             waker: WakerIdentity::default(),
+            timer_due: None,
             elapsed: false,
         }
     }
@@ -227,22 +247,64 @@ impl Sleep {
 
     /// Whether the deadline has passed: a poll saw it, or the timer has fired.
     pub fn is_elapsed(&self) -> bool {
-        self.elapsed || (self.armed && self.timer.state(&self.engine) == TimerState::Expired)
+        self.elapsed
+            || (self.armed
+                && self.timer.state(&self.engine) == TimerState::Expired
+                && (self.timer_due.is_none()
+                    || self
+                        .engine
+                        .clock
+                        .tick_unless_passed(self.deadline)
+                        .is_none()))
     }
 
     /// Moves the deadline (earlier or later), also after completion, in tokio's form:
     /// `sleep.as_mut().reset(when)` on a pinned sleep (or `Pin::new(&mut sleep)`, a `Sleep`
-    /// being `Unpin`). An armed sleep's timer is moved in place; otherwise the next poll
-    /// schedules one.
+    /// being `Unpin`). An armed sleep's timer is moved in place if the deadline moves earlier
+    /// than it; a later deadline leaves the timer where it is, and the sleep schedules a new one
+    /// when it fires (see "How it works": one early wake-up of the task, never an early
+    /// completion). An unarmed sleep's next poll schedules one.
     pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
         let this = self.get_mut();
-        this.deadline = Deadline::At(deadline);
         this.elapsed = false;
-        if this.armed && !this.timer.reset_at(&this.engine, deadline) {
-            // It fired (or shutdown cancelled it): the next poll schedules anew.
-            this.timer.release(&this.engine);
-            this.armed = false;
+        if !this.armed {
+            this.deadline = Deadline::At(deadline);
+            return;
         }
+        match this.timer_due {
+            // Later than the timer, which stays: the poll after it fires schedules one for the
+            // new deadline (see "How it works").
+            Some(due) if deadline >= due => {
+                this.deadline = Deadline::At(deadline);
+                this.timer.count_reset(&this.engine);
+            }
+            _ => this.reset_armed(deadline),
+        }
+    }
+
+    /// [`reset`](Self::reset) of an armed sleep, unless it moves the deadline later than a
+    /// timer whose due instant the sleep already knows.
+    #[cold]
+    #[inline(never)]
+    fn reset_armed(&mut self, deadline: Instant) {
+        let due = match self.timer_due {
+            Some(due) => due,
+            None => self.engine.clock.instant_of(self.deadline),
+        };
+        if deadline >= due {
+            self.timer_due = Some(due);
+            self.deadline = Deadline::At(deadline);
+            self.timer.count_reset(&self.engine);
+            return;
+        }
+        if self.timer.reset_at(&self.engine, deadline) {
+            self.timer_due = None;
+        } else {
+            // It fired (or shutdown cancelled it): the next poll schedules anew.
+            self.timer.release(&self.engine);
+            self.armed = false;
+        }
+        self.deadline = Deadline::At(deadline);
     }
 
     /// Schedules a timer due at `tick` (the deadline's) waking `waker` (the deadline is ahead, or
@@ -276,6 +338,7 @@ impl Sleep {
                 }
                 self.timer = timer;
                 self.waker = identity;
+                self.timer_due = None;
                 self.armed = true;
                 Poll::Pending
             }
@@ -294,57 +357,72 @@ impl Sleep {
         if this.elapsed {
             return Poll::Ready(Ok(()));
         }
-        let clock = this.engine.clock.clock();
-        if !this.armed {
-            // Lazy registration: the first poll that does not know the deadline passed
-            // schedules (reading no clock: see `tick_unless_passed`).
-            let Some(tick) = this.engine.clock.tick_unless_passed(this.deadline) else {
-                this.elapsed = true;
-                return Poll::Ready(Ok(()));
-            };
-            return this.arm(tick, cx.waker());
+        if this.armed
+            && let Some(done) = this.poll_armed(cx)
+        {
+            return done;
         }
-        let engine = &this.engine;
-        let timer = this.timer;
+        // Lazy registration: the first poll that does not know the deadline passed schedules
+        // (reading no clock: see `tick_unless_passed`).
+        let Some(tick) = this.engine.clock.tick_unless_passed(this.deadline) else {
+            this.elapsed = true;
+            return Poll::Ready(Ok(()));
+        };
+        this.arm(tick, cx.waker())
+    }
+
+    /// [`poll_sleep`](Self::poll_sleep) of an armed sleep; `None` if it is unarmed now, its
+    /// timer having fired for a deadline that a reset has since moved later: the caller
+    /// polls it as unarmed.
+    fn poll_armed(&mut self, cx: &mut Context<'_>) -> Option<Poll<Result<(), ScheduleError>>> {
+        let engine = &self.engine;
+        let clock = engine.clock.clock();
+        let timer = self.timer;
         let mut state = timer.state(engine);
         // A pending timer's shard fires it once its deadline passes, as tokio's driver does: a
         // poll reads no clock. But a manual clock's shard turns only in `advance`, which may
         // have passed the deadline before the timer reached the shard: there time decides.
         if state == TimerState::Pending
-            && (!clock.is_manual() || clock.now_ordered() < this.deadline())
+            && (!clock.is_manual() || clock.now_ordered() < self.deadline())
         {
             // The timer is pending, so its task's waker is alive: see `WakerIdentity`.
-            if this.waker == WakerIdentity::of(cx.waker()) {
-                return Poll::Pending;
+            if self.waker == WakerIdentity::of(cx.waker()) {
+                return Some(Poll::Pending);
             }
             // Another task polls: the timer's task would wake the old one. Replace the timer,
             // unless it fired (or shutdown cancelled it) meanwhile.
             if timer.cancel(engine) {
                 timer.release(engine);
-                this.armed = false;
-                let tick = engine.clock.tick_of(this.deadline);
-                return this.arm(tick, cx.waker());
+                self.armed = false;
+                let tick = engine.clock.tick_of(self.deadline);
+                return Some(self.arm(tick, cx.waker()));
             }
             state = timer.state(engine);
         }
         match state {
+            // It fired for the deadline before a reset moved it later.
+            TimerState::Expired if self.timer_due.is_some() => {
+                timer.release(engine);
+                self.armed = false;
+                None
+            }
             TimerState::Pending | TimerState::Expired => {
                 if state == TimerState::Pending {
                     timer.cancel_and_release(engine);
                 } else {
                     timer.release(engine);
                 }
-                this.armed = false;
-                this.elapsed = true;
-                Poll::Ready(Ok(()))
+                self.armed = false;
+                self.elapsed = true;
+                Some(Poll::Ready(Ok(())))
             }
             // Only shutdown, or the failure of its shard, cancels a sleep's timer from the
             // outside.
             TimerState::Cancelled => {
                 let error = timer.shard(engine).closed_error();
                 timer.release(engine);
-                this.armed = false;
-                Poll::Ready(Err(error))
+                self.armed = false;
+                Some(Poll::Ready(Err(error)))
             }
         }
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 /// `header_read_timeout` needs.
 ///
 /// Its sleeps are [`Sleep`]s (lazy, and panicking if the engine is shut down or full: see
-/// [`Sleep`]); [`reset`](hyper::rt::Timer::reset) moves a sleep's timer in place.
+/// [`Sleep`]); [`reset`](hyper::rt::Timer::reset) is [`Sleep::reset`]'s, without a new box.
 ///
 /// ```
 /// use shardwheel::{HyperTimer, Timer};

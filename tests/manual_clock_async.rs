@@ -203,3 +203,56 @@ fn a_sleep_whose_deadline_has_passed_completes_without_another_advance() {
     let mut zero = timer.sleep(Duration::ZERO);
     assert!(poll_noop(&mut zero).is_ready());
 }
+
+#[test]
+fn a_sleep_moved_later_keeps_its_timer_until_it_fires_then_schedules_one_for_the_new_deadline() {
+    let (clock, timer) = manual_timer(1, ms(1));
+    let start = clock.now();
+    let (woken, waker) = counting_waker();
+    let mut sleep = timer.sleep(ms(10));
+    assert!(poll_once(&mut sleep, &waker).is_pending());
+    let before = timer.stats();
+    // Later, three times: the timer stays where it is; each counts as a reset.
+    for later in [20, 30, 40] {
+        std::pin::Pin::new(&mut sleep).reset(start + ms(later));
+    }
+    let after = timer.stats();
+    assert_eq!(after.scheduled, before.scheduled, "no timer scheduled");
+    assert_eq!(after.reset, before.reset + 3);
+    assert_eq!(sleep.deadline(), start + ms(40));
+    // The timer fires at 10 ms: one early wake-up; the sleep is not elapsed, and its poll
+    // schedules a timer for 40 ms.
+    clock.advance(ms(10));
+    assert_eq!(woken.wakes(), 1);
+    assert!(!sleep.is_elapsed());
+    assert!(poll_once(&mut sleep, &waker).is_pending());
+    assert_eq!(timer.stats().scheduled, before.scheduled + 1);
+    assert_eq!(timer.stats().pending, 1);
+    // Earlier than that timer: moved in place.
+    std::pin::Pin::new(&mut sleep).reset(start + ms(35));
+    clock.advance(ms(24));
+    assert_eq!(woken.wakes(), 1);
+    assert!(poll_once(&mut sleep, &waker).is_pending());
+    clock.advance(ms(1));
+    assert_eq!(woken.wakes(), 2);
+    assert!(sleep.is_elapsed());
+    assert_eq!(poll_once(&mut sleep, &waker), Poll::Ready(()));
+    assert_eq!(clock.now() - start, ms(35));
+    assert_eq!(timer.stats().pending, 0);
+}
+
+#[test]
+fn a_sleep_moved_later_completes_at_once_if_its_new_deadline_passed_before_its_poll() {
+    let (clock, timer) = manual_timer(1, ms(1));
+    let start = clock.now();
+    let (woken, waker) = counting_waker();
+    let mut sleep = timer.sleep(ms(10));
+    assert!(poll_once(&mut sleep, &waker).is_pending());
+    std::pin::Pin::new(&mut sleep).reset(start + ms(20));
+    // One advance past both deadlines: the timer fires (at 10 ms); the poll finds 20 ms passed.
+    clock.advance(ms(25));
+    assert_eq!(woken.wakes(), 1);
+    assert!(sleep.is_elapsed());
+    assert_eq!(poll_once(&mut sleep, &waker), Poll::Ready(()));
+    assert_eq!(timer.stats().pending, 0);
+}

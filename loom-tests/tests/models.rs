@@ -464,6 +464,48 @@ fn sleep_drop_vs_fire() {
     });
 }
 
+/// Model 7d (async): an armed `Sleep` is reset to a later deadline (which leaves its timer
+/// where it is: see `Sleep::reset`) while another thread advances the clock past the timer's
+/// deadline but not the new one. The sleep must not complete before the new deadline, and must
+/// complete at it: the poll after the timer fired schedules one for the new deadline.
+#[test]
+fn sleep_moved_later_vs_fire() {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+    model(|| {
+        let clock = Clock::manual();
+        let timer = manual_timer(&clock);
+        let start = clock.now();
+        let mut sleep = timer.sleep(MILLISECOND);
+        let (_woken, waker) = loom_waker();
+        let mut context = Context::from_waker(&waker);
+        assert!(Pin::new(&mut sleep).poll(&mut context).is_pending());
+        let firer = {
+            let clock = clock.clone();
+            thread::spawn(move || clock.advance(2 * MILLISECOND))
+        };
+        Pin::new(&mut sleep).reset(start + 3 * MILLISECOND);
+        firer.join().unwrap();
+        assert!(
+            Pin::new(&mut sleep).poll(&mut context).is_pending(),
+            "completed at 2 ms, before its deadline of 3 ms"
+        );
+        clock.advance(MILLISECOND);
+        assert_eq!(Pin::new(&mut sleep).poll(&mut context), Poll::Ready(()));
+        let stats = timer.stats();
+        assert_eq!(
+            (
+                stats.pending,
+                stats.scheduled,
+                stats.fired + stats.cancelled
+            ),
+            (0, 2, 2),
+            "every timer ended once: {stats:?}"
+        );
+    });
+}
+
 /// Model 8: a shard reclaims its slot table (`try_reclaim`: walk the free list, seal, empty,
 /// give the pages back) while a user thread frees the last slot and allocates. Every outcome
 /// must leave two distinct, pending timers, and no stale (index, generation) may touch them:
