@@ -127,8 +127,10 @@ pub(crate) mod cancel_hook {
         AFTER_CANCEL_TRANSITION.with(|slot| *slot.borrow_mut() = hook);
     }
 
+    /// Runs this thread's hook, if set (none while the thread's thread-locals are destroyed:
+    /// a kept timer is let go of then, see `futures::kept`).
     pub(crate) fn after_cancel_transition() {
-        AFTER_CANCEL_TRANSITION.with(|slot| {
+        let _ = AFTER_CANCEL_TRANSITION.try_with(|slot| {
             if let Some(hook) = slot.borrow_mut().as_mut() {
                 hook();
             }

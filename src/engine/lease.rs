@@ -256,6 +256,14 @@ impl<T: Leasable + 'static> Lease<T> {
         Lease::Forever(value)
     }
 
+    /// The value, if this lease is on one that is never dropped ([`forever`](Self::forever)).
+    pub(crate) fn as_forever(&self) -> Option<&'static T> {
+        match self {
+            Lease::Forever(value) => Some(value),
+            Lease::Counted(_) => None,
+        }
+    }
+
     /// The end of a late drop: settles it (out of line, so that the common drop stays small).
     #[cold]
     #[inline(never)]

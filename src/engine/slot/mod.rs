@@ -943,10 +943,13 @@ pub(crate) mod reset_hook {
 
     /// Runs this thread's hook, if set (taken out while it runs, so it may reset timers).
     pub(crate) fn after_reset_swap() {
-        let hook = AFTER_RESET_SWAP.with(|slot| slot.borrow_mut().take());
+        let hook = AFTER_RESET_SWAP
+            .try_with(|slot| slot.borrow_mut().take())
+            .ok()
+            .flatten();
         if let Some(mut hook) = hook {
             hook();
-            AFTER_RESET_SWAP.with(|slot| {
+            let _ = AFTER_RESET_SWAP.try_with(|slot| {
                 let mut slot = slot.borrow_mut();
                 if slot.is_none() {
                     *slot = Some(hook);

@@ -25,6 +25,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll, RawWakerVTable, Waker};
 use std::time::{Duration, Instant};
 
+mod kept;
+
 /// The task of a [`Sleep`]'s timer: wakes the waker of the poll that scheduled it. A `Waker` is
 /// 16 bytes, so the task stores it inline: no allocation.
 fn wake_task(waker: Waker) -> Task {
@@ -139,8 +141,8 @@ impl WakerIdentity {
 ///
 /// | state | poll | `reset(when)` | drop |
 /// |-------|------|---------------|------|
-/// | unarmed | deadline seen to pass: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
-/// | armed | timer fired: if the deadline moved past the timer's, unarmed, then as unarmed; else (or, on a manual clock, deadline passed) elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | at or after the timer's: new deadline only, the timer stays; before it: moves the timer in place (if it already fired: unarmed) | cancels the timer |
+/// | unarmed | a keeping sleep takes over a timer kept for this poll's task ([`kept`]): armed; else deadline seen to pass: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
+/// | armed | timer fired: if the deadline moved past the timer's, unarmed, then as unarmed; else (or, on a manual clock, deadline passed) elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | at or after the timer's: new deadline only, the timer stays; before it: moves the timer in place (if it already fired: unarmed) | cancels the timer (a keeping sleep keeps it for its task's next one: see [`kept`]) |
 /// | elapsed | ready | unarmed, with the new deadline | nothing |
 ///
 /// A reset that moves the deadline later, the common case (an idle timeout pushed back at each
@@ -185,6 +187,9 @@ pub struct Sleep {
     /// the timer is due at `deadline`.
     timer_due: Option<Instant>,
     elapsed: bool,
+    /// Dropped with a pending timer, it keeps the timer for its task's next sleep (see
+    /// [`kept`]).
+    keep: bool,
 }
 
 impl fmt::Debug for Sleep {
@@ -209,7 +214,38 @@ impl Sleep {
             waker: WakerIdentity::default(),
             timer_due: None,
             elapsed: false,
+            keep: false,
         }
+    }
+
+    /// This sleep, keeping its timer for its task's next sleep when dropped (see [`kept`]), if
+    /// its engine is one that is never dropped (the default timer's).
+    #[inline]
+    pub(crate) fn kept_on_drop(mut self) -> Sleep {
+        self.keep = self.engine.as_forever().is_some();
+        self
+    }
+
+    /// A keeping sleep's first poll: takes over the timer kept for `waker`'s task on this
+    /// thread (see [`kept`]), if one is due at or before the deadline and still pending.
+    fn take_kept(&mut self, waker: &Waker) -> bool {
+        let identity = WakerIdentity::of(waker);
+        let deadline = self.engine.clock.instant_of(self.deadline);
+        let Some(kept) = kept::take(identity, deadline) else {
+            return false;
+        };
+        // Pending, read after the identities matched: the kept timer's waker is alive, so it
+        // is this task's (see `kept`).
+        if kept.timer.state(&self.engine) != TimerState::Pending {
+            drop(kept);
+            return false;
+        }
+        let (timer, due) = kept.into_timer();
+        self.timer = timer;
+        self.waker = identity;
+        self.timer_due = Some(due);
+        self.armed = true;
+        true
     }
 
     /// This sleep, elapsed if `passed` (its deadline is known to have passed).
@@ -364,6 +400,12 @@ impl Sleep {
         }
         // Lazy registration: the first poll that does not know the deadline passed schedules
         // (reading no clock: see `tick_unless_passed`).
+        // A kept timer is due at or before the deadline: if that has passed, so has the
+        // timer's, which then fires at its shard's next turn (and is not pending at all if the
+        // shard has seen its tick), as a timer armed now would.
+        if this.keep && this.take_kept(cx.waker()) {
+            return Poll::Pending;
+        }
         let Some(tick) = this.engine.clock.tick_unless_passed(this.deadline) else {
             this.elapsed = true;
             return Poll::Ready(Ok(()));
@@ -454,9 +496,26 @@ impl Future for Sleep {
 
 impl Drop for Sleep {
     fn drop(&mut self) {
-        if self.armed {
-            self.timer.cancel_and_release(&self.engine);
+        if !self.armed {
+            return;
         }
+        if self.keep
+            && let Some(engine) = self.engine.as_forever()
+        {
+            let due = match self.timer_due {
+                Some(due) => due,
+                None => engine.clock.instant_of(self.deadline),
+            };
+            // The one displaced (or this one, if it could not be kept) is let go of here.
+            drop(kept::keep(kept::Kept {
+                engine,
+                identity: self.waker,
+                timer: self.timer,
+                due,
+            }));
+            return;
+        }
+        self.timer.cancel_and_release(&self.engine);
     }
 }
 
