@@ -141,8 +141,8 @@ impl WakerIdentity {
 ///
 /// | state | poll | `reset(when)` | drop |
 /// |-------|------|---------------|------|
-/// | unarmed | a keeping sleep takes over a timer kept for this poll's task ([`kept`]): armed; else deadline seen to pass: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
-/// | armed | timer fired: if the deadline moved past the timer's, unarmed, then as unarmed; else (or, on a manual clock, deadline passed) elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | at or after the timer's: new deadline only, the timer stays; before it: moves the timer in place (if it already fired: unarmed) | cancels the timer (a keeping sleep keeps it for its task's next one: see [`kept`]) |
+/// | unarmed | a keeping sleep takes over a timer kept for this poll's task (`futures::kept`): armed; else deadline seen to pass: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
+/// | armed | timer fired: if the deadline moved past the timer's, unarmed, then as unarmed; else (or, on a manual clock, deadline passed) elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | at or after the timer's: new deadline only, the timer stays; before it: moves the timer in place (if it already fired: unarmed) | cancels the timer (a keeping sleep keeps it for its task's next one: see `futures::kept`) |
 /// | elapsed | ready | unarmed, with the new deadline | nothing |
 ///
 /// A reset that moves the deadline later, the common case (an idle timeout pushed back at each
