@@ -14,8 +14,9 @@
 //!
 //! | event | kept timers |
 //! |---|---|
-//! | a keeping sleep with a pending timer is dropped | kept in the place its waker's identity picks, letting go of the one there |
-//! | a keeping sleep's first poll (unarmed) finds its task's waker's identity, due at or before its deadline | taken over if still pending (read after the identity: see below), else let go of |
+//! | a keeping sleep with a pending timer is dropped | kept in the place its waker's identity picks, letting go of the one there (a timer that has fired is let go of, not kept) |
+//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity, due at or before its deadline | taken over if still pending (read after the identity: see below), else let go of |
+//! | a keeping sleep's engine refuses a timer as full | every one on the thread let go of (each holds a place of `max_pending`), and the sleep tries once more |
 //! | the thread exits | every one let go of |
 //!
 //! A waker's identity (its addresses) names the same waker only while that waker is alive,
@@ -87,19 +88,50 @@ pub(super) fn keep(kept: Kept) -> Option<Kept> {
     kept
 }
 
-/// The timer kept for `identity`, due at or before `deadline`, if there is one: taken out.
-pub(super) fn take(identity: WakerIdentity, deadline: Instant) -> Option<Kept> {
+/// The timer kept for `identity` on `engine`, due at or before `deadline`, if there is one:
+/// taken out.
+pub(super) fn take(
+    engine: &'static Engine,
+    identity: WakerIdentity,
+    deadline: Instant,
+) -> Option<Kept> {
     KEPT_TIMERS
         .try_with(|all| {
             let mut all = all.try_borrow_mut().ok()?;
             let kept = all.get_mut(place(identity))?;
             kept.as_ref()
-                .is_some_and(|kept| kept.identity == identity && kept.due <= deadline)
+                .is_some_and(|kept| {
+                    std::ptr::eq(kept.engine, engine)
+                        && kept.identity == identity
+                        && kept.due <= deadline
+                })
                 .then(|| kept.take())
                 .flatten()
         })
         .ok()
         .flatten()
+}
+
+/// Lets go of every timer kept on this thread (for a sleep its engine refused as full: kept
+/// timers hold places of its `max_pending`). Whether there was any.
+pub(super) fn let_go_of_all() -> bool {
+    let all = KEPT_TIMERS
+        .try_with(|all| {
+            all.try_borrow_mut()
+                .map(|mut all| std::mem::take(&mut *all))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default();
+    let any = all.iter().any(Option::is_some);
+    // Dropped here, out of the borrow.
+    drop(all);
+    any
+}
+
+/// How many timers this thread keeps.
+#[cfg(test)]
+fn kept_here() -> usize {
+    KEPT_TIMERS.with(|all| all.borrow().iter().filter(|kept| kept.is_some()).count())
 }
 
 #[cfg(test)]
@@ -139,8 +171,12 @@ mod tests {
 
     /// A manual-clock timer that is never dropped, as the default timer (whose sleeps keep).
     fn lasting_timer() -> (Clock, &'static Timer) {
+        lasting_timer_of(Timer::builder())
+    }
+
+    fn lasting_timer_of(builder: crate::Builder) -> (Clock, &'static Timer) {
         let clock = Clock::manual();
-        let timer = Timer::builder()
+        let timer = builder
             .shards(1)
             .tick(ms(1))
             .executor(Executor::Inline)
@@ -230,5 +266,53 @@ mod tests {
         .expect("the thread");
         let stats = timer.stats();
         assert_eq!((stats.pending, stats.cancelled), (0, 1), "{stats:?}");
+    }
+
+    #[test]
+    fn a_sleep_on_another_engine_does_not_take_a_kept_timer() {
+        let (_clock, one) = lasting_timer();
+        let (_clock, other) = lasting_timer();
+        let (_, waker) = task();
+        let mut first = keeping(one, ms(10));
+        assert!(poll(&mut first, &waker).is_pending());
+        drop(first);
+        let mut second = keeping(other, ms(20));
+        assert!(poll(&mut second, &waker).is_pending());
+        assert_eq!((one.stats().pending, other.stats().scheduled), (1, 1));
+        drop(second);
+        assert!(super::let_go_of_all());
+        assert_eq!((one.stats().pending, other.stats().pending), (0, 0));
+    }
+
+    #[test]
+    fn a_timer_that_fired_is_not_kept() {
+        let (clock, timer) = lasting_timer();
+        let (_, waker) = task();
+        let mut sleep = keeping(timer, ms(10));
+        assert!(poll(&mut sleep, &waker).is_pending());
+        clock.advance(ms(10));
+        drop(sleep);
+        assert_eq!(super::kept_here(), 0);
+        assert_eq!(timer.stats().pending, 0);
+    }
+
+    #[test]
+    fn a_full_engine_takes_back_the_places_of_kept_timers() {
+        let (_clock, timer) = lasting_timer_of(Timer::builder().max_pending(1));
+        let (_, waker) = task();
+        let (_, other) = task();
+        let mut first = keeping(timer, ms(10));
+        assert!(poll(&mut first, &waker).is_pending());
+        drop(first);
+        assert_eq!(timer.stats().pending, 1, "kept, in the one place");
+        // Another task's sleep: the kept timer is not its own, and its place is given back.
+        let mut second = keeping(timer, ms(20));
+        assert!(poll(&mut second, &other).is_pending());
+        let stats = timer.stats();
+        assert_eq!(
+            (stats.pending, stats.scheduled, stats.cancelled),
+            (1, 2, 1),
+            "{stats:?}"
+        );
     }
 }

@@ -221,6 +221,7 @@ impl Sleep {
     /// This sleep, keeping its timer for its task's next sleep when dropped (see [`kept`]), if
     /// its engine is one that is never dropped (the default timer's).
     #[inline]
+    #[cfg_attr(not(feature = "hyper"), allow(dead_code))]
     pub(crate) fn kept_on_drop(mut self) -> Sleep {
         self.keep = self.engine.as_forever().is_some();
         self
@@ -229,9 +230,12 @@ impl Sleep {
     /// A keeping sleep's first poll: takes over the timer kept for `waker`'s task on this
     /// thread (see [`kept`]), if one is due at or before the deadline and still pending.
     fn take_kept(&mut self, waker: &Waker) -> bool {
+        let Some(engine) = self.engine.as_forever() else {
+            return false;
+        };
         let identity = WakerIdentity::of(waker);
-        let deadline = self.engine.clock.instant_of(self.deadline);
-        let Some(kept) = kept::take(identity, deadline) else {
+        let deadline = engine.clock.instant_of(self.deadline);
+        let Some(kept) = kept::take(engine, identity, deadline) else {
             return false;
         };
         // Pending, read after the identities matched: the kept timer's waker is alive, so it
@@ -410,7 +414,13 @@ impl Sleep {
             this.elapsed = true;
             return Poll::Ready(Ok(()));
         };
-        this.arm(tick, cx.waker())
+        match this.arm(tick, cx.waker()) {
+            // Kept timers hold places of the limit: let them go, and try once more.
+            Poll::Ready(Err(ScheduleError::Full)) if this.keep && kept::let_go_of_all() => {
+                this.arm(tick, cx.waker())
+            }
+            polled => polled,
+        }
     }
 
     /// [`poll_sleep`](Self::poll_sleep) of an armed sleep; `None` if it is unarmed now, its
@@ -499,8 +509,11 @@ impl Drop for Sleep {
         if !self.armed {
             return;
         }
+        // A timer that has fired (or was cancelled) is let go of: kept, it would only hold its
+        // slot.
         if self.keep
             && let Some(engine) = self.engine.as_forever()
+            && self.timer.state(engine) == TimerState::Pending
         {
             let due = match self.timer_due {
                 Some(due) => due,
