@@ -27,13 +27,8 @@ PORT=${PORT:-18080}
 TIMERS=${TIMERS:-none tokio shardwheel}
 MODES=${MODES:-1 2}
 
-if ! command -v wrk >/dev/null; then
-  echo "wrk not found: installing it (apt-get install wrk)" >&2
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo="sudo -n"
-  timeout 300 $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive timeout 300 $sudo apt-get install -y -qq wrk >/dev/null
-fi
+. examples/need-tool.sh
+need_tool wrk
 if [ "$(nproc)" -lt 2 ]; then
   echo "mode 1 pins the server and wrk to CPUs 0 and 1: needs 2 CPUs, skipping it" >&2
   MODES=${MODES//1/}

@@ -28,15 +28,9 @@ C=${C:-32}
 PORT=${PORT:-18090}
 TIMERS=${TIMERS:-none hyper-only tokio shardwheel}
 
-for tool in valgrind wrk; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "$tool not found: installing it (apt-get install $tool)" >&2
-    sudo=""
-    [ "$(id -u)" = 0 ] || sudo="sudo -n"
-    timeout 300 $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive timeout 300 $sudo apt-get install -y -qq "$tool" >/dev/null
-  fi
-done
+. examples/need-tool.sh
+need_tool valgrind
+need_tool wrk
 
 timeout 1800 cargo build --release --quiet --features hyper --example server
 server=target/release/examples/server

@@ -165,19 +165,25 @@ impl Backend for NoTimer {
 /// is. A timer's share above this floor is the timer's own work.
 struct HyperOnly;
 
+/// As [`NoTimer`] but for hyper's timer.
 impl Backend for HyperOnly {
     const NAME: &'static str = "hyper-only";
     const TOKIO_TIME: bool = false;
-    type Sleep = std::future::Pending<()>;
+    type Sleep = <NoTimer as Backend>::Sleep;
 
-    fn sleep(_: Duration) -> Self::Sleep {
-        std::future::pending()
+    fn sleep(delay: Duration) -> Self::Sleep {
+        NoTimer::sleep(delay)
     }
 
-    fn reset(_: Pin<&mut Self::Sleep>, _: Duration) {}
+    fn reset(sleep: Pin<&mut Self::Sleep>, delay: Duration) {
+        NoTimer::reset(sleep, delay)
+    }
 
-    async fn timeout<F: Future + Send>(_: Duration, future: F) -> Result<F::Output, TimedOut> {
-        Ok(future.await)
+    fn timeout<F: Future + Send>(
+        delay: Duration,
+        future: F,
+    ) -> impl Future<Output = Result<F::Output, TimedOut>> + Send {
+        NoTimer::timeout(delay, future)
     }
 
     fn configure(builder: &mut http1::Builder) {

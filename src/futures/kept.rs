@@ -71,19 +71,15 @@ fn place(identity: WakerIdentity) -> usize {
 /// are gone, or in use further up the stack), or returns the timer it displaced: either way the
 /// caller drops that, after this call (its drop may run user code, which may keep a timer).
 pub(super) fn keep(kept: Kept) -> Option<Kept> {
+    let place = place(kept.identity);
     let mut kept = Some(kept);
     let _ = KEPT_TIMERS.try_with(|all| {
-        let Ok(mut all) = all.try_borrow_mut() else {
-            return;
-        };
-        if all.is_empty() {
-            all.resize_with(KEPT, || None);
+        if let Ok(mut all) = all.try_borrow_mut() {
+            if all.is_empty() {
+                all.resize_with(KEPT, || None);
+            }
+            kept = std::mem::replace(&mut all[place], kept.take());
         }
-        let place = place(
-            kept.as_ref()
-                .map_or(WakerIdentity::default(), |k| k.identity),
-        );
-        kept = std::mem::replace(&mut all[place], kept.take());
     });
     kept
 }

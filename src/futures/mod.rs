@@ -240,7 +240,7 @@ impl Sleep {
         };
         // Pending, read after the identities matched: the kept timer's waker is alive, so it
         // is this task's (see `kept`).
-        if kept.timer.state(&self.engine) != TimerState::Pending {
+        if kept.timer.state(engine) != TimerState::Pending {
             drop(kept);
             return false;
         }
@@ -314,12 +314,32 @@ impl Sleep {
         match this.timer_due {
             // Later than the timer, which stays: the poll after it fires schedules one for the
             // new deadline (see "How it works").
-            Some(due) if deadline >= due => {
-                this.deadline = Deadline::At(deadline);
-                this.timer.count_reset(&this.engine);
-            }
+            Some(due) if deadline >= due => this.move_later(deadline, due),
             _ => this.reset_armed(deadline),
         }
+    }
+
+    /// Moves an armed sleep's deadline to `deadline`, at or after `due`, when its timer is
+    /// due: the timer stays (see "How it works").
+    #[inline]
+    fn move_later(&mut self, deadline: Instant, due: Instant) {
+        self.timer_due = Some(due);
+        self.deadline = Deadline::At(deadline);
+        self.timer.count_reset(&self.engine);
+    }
+
+    /// When the armed timer is due.
+    fn timer_due(&self) -> Instant {
+        match self.timer_due {
+            Some(due) => due,
+            None => self.engine.clock.instant_of(self.deadline),
+        }
+    }
+
+    /// Lets go of the armed timer (which has fired, or been cancelled): unarmed.
+    fn let_go_of_timer(&mut self) {
+        self.timer.release(&self.engine);
+        self.armed = false;
     }
 
     /// [`reset`](Self::reset) of an armed sleep, unless it moves the deadline later than a
@@ -327,22 +347,15 @@ impl Sleep {
     #[cold]
     #[inline(never)]
     fn reset_armed(&mut self, deadline: Instant) {
-        let due = match self.timer_due {
-            Some(due) => due,
-            None => self.engine.clock.instant_of(self.deadline),
-        };
+        let due = self.timer_due();
         if deadline >= due {
-            self.timer_due = Some(due);
-            self.deadline = Deadline::At(deadline);
-            self.timer.count_reset(&self.engine);
-            return;
+            return self.move_later(deadline, due);
         }
         if self.timer.reset_at(&self.engine, deadline) {
             self.timer_due = None;
         } else {
             // It fired (or shutdown cancelled it): the next poll schedules anew.
-            self.timer.release(&self.engine);
-            self.armed = false;
+            self.let_go_of_timer();
         }
         self.deadline = Deadline::At(deadline);
     }
@@ -402,14 +415,14 @@ impl Sleep {
         {
             return done;
         }
-        // Lazy registration: the first poll that does not know the deadline passed schedules
-        // (reading no clock: see `tick_unless_passed`).
         // A kept timer is due at or before the deadline: if that has passed, so has the
         // timer's, which then fires at its shard's next turn (and is not pending at all if the
         // shard has seen its tick), as a timer armed now would.
         if this.keep && this.take_kept(cx.waker()) {
             return Poll::Pending;
         }
+        // Lazy registration: the first poll that does not know the deadline passed schedules
+        // (reading no clock: see `tick_unless_passed`).
         let Some(tick) = this.engine.clock.tick_unless_passed(this.deadline) else {
             this.elapsed = true;
             return Poll::Ready(Ok(()));
@@ -444,9 +457,8 @@ impl Sleep {
             // Another task polls: the timer's task would wake the old one. Replace the timer,
             // unless it fired (or shutdown cancelled it) meanwhile.
             if timer.cancel(engine) {
-                timer.release(engine);
-                self.armed = false;
-                let tick = engine.clock.tick_of(self.deadline);
+                self.let_go_of_timer();
+                let tick = self.engine.clock.tick_of(self.deadline);
                 return Some(self.arm(tick, cx.waker()));
             }
             state = timer.state(engine);
@@ -454,17 +466,17 @@ impl Sleep {
         match state {
             // It fired for the deadline before a reset moved it later.
             TimerState::Expired if self.timer_due.is_some() => {
-                timer.release(engine);
-                self.armed = false;
+                self.let_go_of_timer();
                 None
             }
-            TimerState::Pending | TimerState::Expired => {
-                if state == TimerState::Pending {
-                    timer.cancel_and_release(engine);
-                } else {
-                    timer.release(engine);
-                }
+            TimerState::Pending => {
+                timer.cancel_and_release(engine);
                 self.armed = false;
+                self.elapsed = true;
+                Some(Poll::Ready(Ok(())))
+            }
+            TimerState::Expired => {
+                self.let_go_of_timer();
                 self.elapsed = true;
                 Some(Poll::Ready(Ok(())))
             }
@@ -472,8 +484,7 @@ impl Sleep {
             // outside.
             TimerState::Cancelled => {
                 let error = timer.shard(engine).closed_error();
-                timer.release(engine);
-                self.armed = false;
+                self.let_go_of_timer();
                 Some(Poll::Ready(Err(error)))
             }
         }
@@ -515,10 +526,7 @@ impl Drop for Sleep {
             && let Some(engine) = self.engine.as_forever()
             && self.timer.state(engine) == TimerState::Pending
         {
-            let due = match self.timer_due {
-                Some(due) => due,
-                None => engine.clock.instant_of(self.deadline),
-            };
+            let due = self.timer_due();
             // The one displaced (or this one, if it could not be kept) is let go of here.
             drop(kept::keep(kept::Kept {
                 engine,
