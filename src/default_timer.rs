@@ -100,7 +100,9 @@ fn build_default() -> &'static Timer {
     }
 }
 
-/// [`Timer::sleep`] on the default timer (`tokio::time::sleep`).
+/// [`Timer::sleep`] on the default timer (`tokio::time::sleep`). Its timer, if pending when
+/// the sleep is dropped, may be kept for its task's next sleep (see [`Sleep`], "Kept timers"),
+/// as are those of [`sleep_until`], [`timeout`] and [`timeout_at`].
 ///
 /// # Panics
 ///
@@ -113,14 +115,16 @@ fn build_default() -> &'static Timer {
 #[track_caller]
 pub fn sleep(delay: Duration) -> Sleep {
     let timer = default();
-    timer.sleep_on(timer.static_engine_ref(), delay)
+    timer
+        .sleep_on(timer.static_engine_ref(), delay)
+        .kept_on_drop()
 }
 
 /// [`Timer::sleep_until`] on the default timer (`tokio::time::sleep_until`). Panics as
 /// [`sleep`] does.
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    Sleep::new(default().static_engine_ref(), Deadline::At(deadline))
+    Sleep::new(default().static_engine_ref(), Deadline::At(deadline)).kept_on_drop()
 }
 
 /// [`Timer::timeout`] on the default timer (`tokio::time::timeout`). Panics as [`sleep`] does.
@@ -135,7 +139,7 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 /// ```
 #[track_caller]
 pub fn timeout<F: IntoFuture>(delay: Duration, future: F) -> Timeout<F::IntoFuture> {
-    Timeout::new(future.into_future(), sleep(delay))
+    Timeout::new(future.into_future(), sleep(delay).kept_on_drop())
 }
 
 /// [`Timer::timeout_at`] on the default timer (`tokio::time::timeout_at`). Panics as [`sleep`]
@@ -156,5 +160,8 @@ pub fn interval(period: Duration) -> Interval {
 /// [`interval`] does.
 #[track_caller]
 pub fn interval_at(start: Instant, period: Duration) -> Interval {
-    Interval::new(sleep_until(start), period)
+    Interval::new(
+        Sleep::new(default().static_engine_ref(), Deadline::At(start)),
+        period,
+    )
 }

@@ -12,11 +12,10 @@ use std::time::{Duration, Instant};
 ///
 /// Its sleeps are [`Sleep`]s (lazy, and panicking if the engine is shut down or full: see
 /// [`Sleep`]); [`reset`](hyper::rt::Timer::reset) is [`Sleep::reset`]'s, without a new box.
-/// On the default timer ([`HyperTimer::default`]) a sleep dropped with its timer pending keeps
-/// that timer for its task's next sleep on the same thread: hyper makes and drops a
-/// header-read sleep per request, and the connection's next one takes the timer over instead
-/// of scheduling one. Such a timer wakes its task once, early, if it fires first; it counts as
-/// pending in the timer's stats until taken over, fired or let go of (at most 64 per thread).
+/// On the default timer ([`HyperTimer::default`]) a sleep dropped with its timer pending may keep
+/// that timer for its task's next sleep on the same thread (see [`Sleep`], "Kept timers"):
+/// hyper makes and drops a header-read sleep per request, and the connection's next one takes
+/// the timer over instead of scheduling one.
 ///
 /// ```
 /// use shardwheel::{HyperTimer, Timer};
@@ -92,14 +91,14 @@ impl hyper::rt::Sleep for Sleep {}
 impl hyper::rt::Timer for HyperTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(match &self.timer {
-            Which::Default(_) => crate::sleep(duration).kept_on_drop(),
+            Which::Default(_) => crate::sleep(duration),
             Which::Given(timer) => timer.sleep(duration),
         })
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(match &self.timer {
-            Which::Default(_) => crate::sleep_until(deadline).kept_on_drop(),
+            Which::Default(_) => crate::sleep_until(deadline),
             Which::Given(timer) => timer.sleep_until(deadline),
         })
     }

@@ -8,7 +8,7 @@
 //!
 //! | system | `timeout` | runtime |
 //! |---|---|---|
-//! | shardwheel | `Timer::timeout` on a fresh `Timer::new()` | no time driver (`enable_time` off) |
+//! | shardwheel | `shardwheel::timeout`, on the process's default timer (`Timer::new()`'s configuration) | no time driver (`enable_time` off) |
 //! | tokio | `tokio::time::timeout` | `enable_time` |
 //!
 //! so each pays only for its own timer. The heap baseline has no futures API and does not
@@ -46,9 +46,6 @@ trait Flavor: Clone + Send + Sync + 'static {
         delay: Duration,
         future: F,
     ) -> impl Future<Output = bool> + Send;
-
-    /// Stops the flavor's own engine, if it has one.
-    fn shutdown(&self) {}
 }
 
 /// A multi-thread runtime with `workers` workers and no time driver: for the flavors that do
@@ -59,11 +56,10 @@ fn runtime_without_time_driver(workers: usize) -> std::io::Result<tokio::runtime
         .build()
 }
 
-/// `Timer::timeout` of a fresh default shardwheel timer.
+/// `shardwheel::timeout`: the default timer's, as a server moved from `tokio::time` calls it
+/// (its sleeps keep their timers for their task's next timeout: see `shardwheel::Sleep`).
 #[derive(Clone)]
-struct ShardwheelFlavor {
-    timer: shardwheel::Timer,
-}
+struct ShardwheelFlavor;
 
 impl Flavor for ShardwheelFlavor {
     fn runtime(workers: usize) -> std::io::Result<tokio::runtime::Runtime> {
@@ -76,12 +72,8 @@ impl Flavor for ShardwheelFlavor {
         delay: Duration,
         future: F,
     ) -> impl Future<Output = bool> + Send {
-        let timeout = self.timer.timeout(delay, future);
+        let timeout = shardwheel::timeout(delay, future);
         async move { timeout.await.is_ok() }
-    }
-
-    fn shutdown(&self) {
-        drop(self.timer.shutdown());
     }
 }
 
@@ -129,23 +121,15 @@ impl Flavor for NoTimerFlavor {
 pub(crate) fn run<S: System>(config: &Config, threads: usize, report: &mut Report, bar: &Bar) {
     match S::NAME {
         "shardwheel" => {
-            let timer = match shardwheel::Timer::new() {
-                Ok(timer) => timer,
-                Err(error) => {
-                    anomaly(format!(
-                        "shardwheel: timeouts: could not build a timer: {error}"
-                    ));
-                    return;
-                }
-            };
-            measure(
-                ShardwheelFlavor { timer },
-                S::NAME,
-                config,
-                threads,
-                report,
-                bar,
-            );
+            // The default timer lives as long as the process: built here at the first run
+            // (with `Timer::new()`'s configuration), never shut down.
+            if let Err(error) = shardwheel::default_timer() {
+                anomaly(format!(
+                    "shardwheel: timeouts: could not build the default timer: {error}"
+                ));
+                return;
+            }
+            measure(ShardwheelFlavor, S::NAME, config, threads, report, bar);
         }
         "tokio" => measure(TokioFlavor, S::NAME, config, threads, report, bar),
         _ => {} // no futures API: the runner does not ask
@@ -226,7 +210,6 @@ fn run_loop<F: Flavor>(
             anomaly(format!(
                 "{system}: timeouts: could not start a tokio runtime: {error}"
             ));
-            flavor.shutdown();
             return None;
         }
     };
@@ -277,7 +260,6 @@ fn run_loop<F: Flavor>(
     let cpu = process_cpu_time().saturating_sub(cpu_before);
     bar.set(1.0, format!("T={threads} done"));
     runtime.shutdown_timeout(Duration::from_secs(10));
-    flavor.shutdown();
 
     let (mut completed, mut elapsed, mut panicked) = (0u64, 0u64, 0usize);
     for outcome in outcomes {

@@ -1,39 +1,56 @@
 //! Kept timers: the pending timer of a dropped `Sleep`, kept on its thread for the next sleep of
 //! the same task.
 //!
-//! A server's connection task makes a short-lived sleep per request (hyper's header-read
-//! timeout: made when a request's head is awaited, dropped when it has arrived). Each would
-//! arm a timer and take it back a moment later. A sleep made *keeping* (`Sleep::kept_on_drop`,
-//! which [`HyperTimer`](crate::HyperTimer) uses on the default timer) instead leaves its timer
+//! A task that loops over short-lived sleeps (a timeout around each request of a connection,
+//! hyper's header-read timeout made when a request's head is awaited and dropped when it has
+//! arrived) would arm a timer for each and take it back a moment later. A sleep made *keeping*
+//! (`Sleep::kept_on_drop`: the default timer's free functions and
+//! [`HyperTimer`](crate::HyperTimer) on the default timer make them) instead leaves its timer
 //! pending when it is dropped, here, under the identity of the waker that timer wakes. The
 //! next keeping sleep that the same task polls on this thread, with a deadline at or after the
-//! kept timer's, takes it over: no timer armed, none taken back. If the timer fires first, it
-//! wakes the task once early, and the sleep that holds it then schedules one for its own
-//! deadline (the later deadline case of `Sleep::reset`); a kept timer nobody takes fires so,
-//! for nothing, or is let go of when its place is needed or the thread exits.
+//! kept timer's, takes it over: no timer armed, none taken back, no waker cloned or dropped.
+//! If the timer fires first, it wakes the task once early, and the sleep that holds it then
+//! schedules one for its own deadline (the later deadline case of `Sleep::reset`); a kept
+//! timer nobody takes fires so, for nothing, or is let go of when its place is needed or the
+//! thread exits.
+//!
+//! A timer is kept only for a task that has dropped a pending keeping sleep on this thread
+//! before (its identity is *known* here): a task that makes one timeout and ends (a task per
+//! request) leaves only its identity, and its timer is cancelled as before. So the tasks whose
+//! memory a kept timer holds (through the waker its task holds) are tasks that loop over
+//! sleeps, and at most [`MAX_PLACES`] per thread, each for at most its timer's delay.
+//!
+//! An identity has one place in its thread's table (a hash of the waker's data address). The
+//! table starts at [`FIRST_PLACES`] places and doubles, up to [`MAX_PLACES`] (64 bytes each),
+//! when an identity to be noted finds its place taken by another's.
 //!
 //! | event | kept timers |
 //! |---|---|
-//! | a keeping sleep with a pending timer is dropped | kept in the place its waker's identity picks, letting go of the one there (a timer that has fired is let go of, not kept) |
-//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity, due at or before its deadline | taken over if still pending (read after the identity: see below), else let go of |
+//! | a keeping sleep with a pending timer is dropped, its identity known | kept in its place (letting go of a timer there: the same task's) |
+//! | the same, its identity not known | noted in its place if that is free (the table grows if it can; at its largest, another's identity without a timer is noted over); the timer is let go of |
+//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity, due at or before its deadline | taken over if still pending (read after the identity: see below), else let go of; the identity stays known |
+//! | the table grows | every entry placed again; of two that meet, one with a timer stays, and the other's timer is let go of |
 //! | a keeping sleep's engine refuses a timer as full | every one on the thread let go of (each holds a place of `max_pending`), and the sleep tries once more |
 //! | the thread exits | every one let go of |
 //!
 //! A waker's identity (its addresses) names the same waker only while that waker is alive,
 //! which it is while the timer that holds it is pending: so the taker compares identities, then
-//! reads the timer pending, and only then knows the timer wakes its own task.
+//! reads the timer pending, and only then knows the timer wakes its own task. A known identity
+//! without a timer names nothing alive: if another task's waker comes to have it, that task
+//! only has its first timer kept where it would have been cancelled.
 //!
 //! Only the default timer's sleeps keep (it is never dropped, so a kept timer holds its engine
-//! with a plain reference). A kept timer counts as pending in the timer's `stats`, and at most
-//! [`KEPT`] of them are held per thread.
+//! with a plain reference). A kept timer counts as pending in the timer's `stats`.
 
 use super::{TimerSlot, WakerIdentity};
 use crate::engine::Engine;
 use std::cell::RefCell;
 use std::time::Instant;
 
-/// Places for kept timers per thread.
-pub(super) const KEPT: usize = 64;
+/// Places in a thread's table when it first keeps (a power of two).
+pub(super) const FIRST_PLACES: usize = 256;
+/// Places in a thread's table at most (a power of two): the most timers a thread keeps.
+pub(super) const MAX_PLACES: usize = 4096;
 
 /// A kept timer: pending when kept (it may have fired since), due at `due`, waking the waker of
 /// `identity`. Dropping it lets the timer go (cancelled if still pending).
@@ -58,52 +75,171 @@ impl Drop for Kept {
     }
 }
 
-std::thread_local! {
-    static KEPT_TIMERS: RefCell<Vec<Option<Kept>>> = const { RefCell::new(Vec::new()) };
+/// A kept timer as its place holds it (the place holds the identity).
+struct Held {
+    engine: &'static Engine,
+    timer: TimerSlot,
+    due: Instant,
 }
 
-/// The place of a waker's identity (its data address, whose low bits are alignment).
-fn place(identity: WakerIdentity) -> usize {
-    (identity.data >> 4 ^ identity.data >> 10) % KEPT
-}
-
-/// Keeps `kept` on this thread. Gives it back if it cannot be kept (the thread's kept timers
-/// are gone, or in use further up the stack), or returns the timer it displaced: either way the
-/// caller drops that, after this call (its drop may run user code, which may keep a timer).
-pub(super) fn keep(kept: Kept) -> Option<Kept> {
-    let place = place(kept.identity);
-    let mut kept = Some(kept);
-    let _ = KEPT_TIMERS.try_with(|all| {
-        if let Ok(mut all) = all.try_borrow_mut() {
-            if all.is_empty() {
-                all.resize_with(KEPT, || None);
-            }
-            kept = std::mem::replace(&mut all[place], kept.take());
+impl Held {
+    fn into_kept(self, identity: WakerIdentity) -> Kept {
+        let held = std::mem::ManuallyDrop::new(self);
+        Kept {
+            engine: held.engine,
+            identity,
+            timer: held.timer,
+            due: held.due,
         }
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.timer.cancel_and_release(self.engine);
+    }
+}
+
+/// One place of a thread's table: a known identity (`FREE`: none), and the timer kept for it.
+/// One cache line: a keep or a take touches that line only.
+#[derive(Default)]
+#[repr(align(64))]
+struct Place {
+    identity: WakerIdentity,
+    held: Option<Held>,
+}
+
+/// The identity of a free place: no waker's (a vtable's address is never 0).
+const FREE: WakerIdentity = WakerIdentity { data: 0, vtable: 0 };
+
+/// A thread's table of places.
+#[derive(Default)]
+struct Places(Vec<Place>);
+
+impl Places {
+    /// The place of `identity`, in a table that is not empty.
+    #[inline]
+    fn of(&self, identity: WakerIdentity) -> usize {
+        let hash = (identity.data as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        (hash >> 40) as usize & (self.0.len() - 1)
+    }
+
+    /// Where `identity` is known, if it is.
+    #[inline]
+    fn known(&self, identity: WakerIdentity) -> Option<usize> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let place = self.of(identity);
+        (self.0[place].identity == identity).then_some(place)
+    }
+
+    /// See [`keep`]: returns what it lets go of.
+    #[inline]
+    fn keep(&mut self, kept: Kept) -> Option<Kept> {
+        let Some(place) = self.known(kept.identity) else {
+            // Not known: noted, and the timer let go of.
+            self.note(kept.identity);
+            return Some(kept);
+        };
+        let held = Held {
+            engine: kept.engine,
+            timer: kept.timer,
+            due: kept.due,
+        };
+        let identity = kept.identity;
+        // Now held by the place: not to be let go of.
+        std::mem::forget(kept);
+        let displaced = self.0[place].held.replace(held);
+        displaced.map(|held| held.into_kept(identity))
+    }
+
+    /// Notes `identity` in its place if that is free; if it is another's, grows the table (if
+    /// it can) and tries again, else notes it over the other's identity if that has no timer.
+    #[cold]
+    fn note(&mut self, identity: WakerIdentity) {
+        if self.0.is_empty() {
+            self.0.resize_with(FIRST_PLACES, Place::default);
+        }
+        loop {
+            let full = self.0.len() >= MAX_PLACES;
+            let index = self.of(identity);
+            let place = &mut self.0[index];
+            if place.identity == FREE || full && place.held.is_none() {
+                place.identity = identity;
+                return;
+            }
+            if full {
+                return;
+            }
+            self.grow();
+        }
+    }
+
+    /// Doubles the table, placing every entry again. Of two entries that come to share a
+    /// place, one with a timer stays; the other is forgotten, and its timer let go of here, in
+    /// the table's borrow (rare: at most a few times in a thread's life). Its task's drop, if it
+    /// runs one, is contained (`executor::contain`), and a sleep that it may drop finds the
+    /// table in use and keeps nothing.
+    fn grow(&mut self) {
+        let old = std::mem::take(&mut self.0);
+        self.0.resize_with(old.len() * 2, Place::default);
+        for entry in old {
+            if entry.identity == FREE {
+                continue;
+            }
+            let place = self.of(entry.identity);
+            let incumbent = &mut self.0[place];
+            if incumbent.identity == FREE || incumbent.held.is_none() && entry.held.is_some() {
+                drop(std::mem::replace(incumbent, entry));
+            }
+        }
+    }
+
+    /// See [`take`].
+    #[inline]
+    fn take(
+        &mut self,
+        engine: &'static Engine,
+        identity: WakerIdentity,
+        deadline: Instant,
+    ) -> Option<Kept> {
+        let place = self.known(identity)?;
+        let held = &mut self.0[place].held;
+        held.as_ref()
+            .is_some_and(|held| std::ptr::eq(held.engine, engine) && held.due <= deadline)
+            .then(|| held.take())
+            .flatten()
+            .map(|held| held.into_kept(identity))
+    }
+}
+
+std::thread_local! {
+    static KEPT_TIMERS: RefCell<Places> = const { RefCell::new(Places(Vec::new())) };
+}
+
+/// Keeps `kept` on this thread if its identity is known here (see the module documentation),
+/// else notes the identity and lets the timer go. A timer displaced, or this one if it is not
+/// kept (also when the thread's table is gone, or in use further up the stack), is let go of
+/// after the table's borrow ends (its drop may run user code, which may keep a timer).
+#[inline]
+pub(super) fn keep(kept: Kept) {
+    let let_go = KEPT_TIMERS.try_with(move |all| match all.try_borrow_mut() {
+        Ok(mut all) => all.keep(kept),
+        Err(_) => Some(kept),
     });
-    kept
+    drop(let_go);
 }
 
 /// The timer kept for `identity` on `engine`, due at or before `deadline`, if there is one:
-/// taken out.
+/// taken out (the identity stays known).
 pub(super) fn take(
     engine: &'static Engine,
     identity: WakerIdentity,
     deadline: Instant,
 ) -> Option<Kept> {
     KEPT_TIMERS
-        .try_with(|all| {
-            let mut all = all.try_borrow_mut().ok()?;
-            let kept = all.get_mut(place(identity))?;
-            kept.as_ref()
-                .is_some_and(|kept| {
-                    std::ptr::eq(kept.engine, engine)
-                        && kept.identity == identity
-                        && kept.due <= deadline
-                })
-                .then(|| kept.take())
-                .flatten()
-        })
+        .try_with(|all| all.try_borrow_mut().ok()?.take(engine, identity, deadline))
         .ok()
         .flatten()
 }
@@ -118,7 +254,7 @@ pub(super) fn let_go_of_all() -> bool {
                 .unwrap_or_default()
         })
         .unwrap_or_default();
-    let any = all.iter().any(Option::is_some);
+    let any = all.0.iter().any(|place| place.held.is_some());
     // Dropped here, out of the borrow.
     drop(all);
     any
@@ -127,7 +263,10 @@ pub(super) fn let_go_of_all() -> bool {
 /// How many timers this thread keeps.
 #[cfg(test)]
 fn kept_here() -> usize {
-    KEPT_TIMERS.with(|all| all.borrow().iter().filter(|kept| kept.is_some()).count())
+    KEPT_TIMERS.with(|all| {
+        let all = all.borrow();
+        all.0.iter().filter(|place| place.held.is_some()).count()
+    })
 }
 
 #[cfg(test)]
@@ -191,22 +330,35 @@ mod tests {
         Pin::new(sleep).poll(&mut Context::from_waker(waker))
     }
 
+    /// Makes `waker`'s task known on this thread: one keeping sleep armed and dropped (its timer
+    /// is cancelled, not kept).
+    fn make_known(timer: &'static Timer, waker: &Waker) {
+        let before = timer.stats();
+        let mut sleep = keeping(timer, ms(1_000));
+        assert!(poll(&mut sleep, waker).is_pending());
+        drop(sleep);
+        let after = timer.stats();
+        assert_eq!(after.pending, before.pending, "not kept: {after:?}");
+        assert_eq!(after.cancelled, before.cancelled + 1, "{after:?}");
+    }
+
     #[test]
     fn the_same_tasks_next_sleep_takes_over_the_timer_of_one_dropped() {
         let (clock, timer) = lasting_timer();
         let (woken, waker) = task();
+        make_known(timer, &waker);
         let mut first = keeping(timer, ms(10));
         assert!(poll(&mut first, &waker).is_pending());
         drop(first);
         assert_eq!(timer.stats().pending, 1, "kept");
         let mut second = keeping(timer, ms(20));
         assert!(poll(&mut second, &waker).is_pending());
-        assert_eq!(timer.stats().scheduled, 1, "taken over, not scheduled anew");
+        assert_eq!(timer.stats().scheduled, 2, "taken over, not scheduled anew");
         // The kept timer fires at 10 ms: an early wake-up, and the poll schedules for 20 ms.
         clock.advance(ms(10));
         assert_eq!(woken.0.load(Ordering::SeqCst), 1);
         assert!(poll(&mut second, &waker).is_pending());
-        assert_eq!(timer.stats().scheduled, 2);
+        assert_eq!(timer.stats().scheduled, 3);
         clock.advance(ms(9));
         assert!(poll(&mut second, &waker).is_pending());
         clock.advance(ms(1));
@@ -216,10 +368,24 @@ mod tests {
     }
 
     #[test]
+    fn a_tasks_first_timer_is_not_kept() {
+        let (_clock, timer) = lasting_timer();
+        let (_, waker) = task();
+        let mut first = keeping(timer, ms(10));
+        assert!(poll(&mut first, &waker).is_pending());
+        drop(first);
+        assert_eq!(super::kept_here(), 0);
+        let stats = timer.stats();
+        assert_eq!((stats.pending, stats.cancelled), (0, 1), "{stats:?}");
+    }
+
+    #[test]
     fn another_tasks_sleep_and_an_earlier_deadline_schedule_their_own() {
         let (_clock, timer) = lasting_timer();
         let (_, waker) = task();
         let (_, other) = task();
+        make_known(timer, &waker);
+        make_known(timer, &other);
         let mut first = keeping(timer, ms(10));
         assert!(poll(&mut first, &waker).is_pending());
         drop(first);
@@ -228,13 +394,14 @@ mod tests {
         let mut earlier = keeping(timer, ms(5));
         assert!(poll(&mut earlier, &waker).is_pending());
         let stats = timer.stats();
-        assert_eq!((stats.scheduled, stats.pending), (3, 3), "{stats:?}");
+        assert_eq!((stats.scheduled, stats.pending), (5, 3), "{stats:?}");
     }
 
     #[test]
     fn a_kept_timer_that_fired_is_let_go_of() {
         let (clock, timer) = lasting_timer();
         let (woken, waker) = task();
+        make_known(timer, &waker);
         let mut first = keeping(timer, ms(10));
         assert!(poll(&mut first, &waker).is_pending());
         drop(first);
@@ -245,7 +412,7 @@ mod tests {
         let stats = timer.stats();
         assert_eq!(
             (stats.scheduled, stats.fired, stats.pending),
-            (2, 1, 1),
+            (3, 1, 1),
             "{stats:?}"
         );
     }
@@ -255,13 +422,16 @@ mod tests {
         let (_clock, timer) = lasting_timer();
         std::thread::spawn(move || {
             let (_, waker) = task();
+            make_known(timer, &waker);
             let mut sleep = keeping(timer, ms(10));
             assert!(poll(&mut sleep, &waker).is_pending());
+            drop(sleep);
+            assert_eq!(super::kept_here(), 1);
         })
         .join()
         .expect("the thread");
         let stats = timer.stats();
-        assert_eq!((stats.pending, stats.cancelled), (0, 1), "{stats:?}");
+        assert_eq!((stats.pending, stats.cancelled), (0, 2), "{stats:?}");
     }
 
     #[test]
@@ -269,6 +439,7 @@ mod tests {
         let (_clock, one) = lasting_timer();
         let (_clock, other) = lasting_timer();
         let (_, waker) = task();
+        make_known(one, &waker);
         let mut first = keeping(one, ms(10));
         assert!(poll(&mut first, &waker).is_pending());
         drop(first);
@@ -284,6 +455,7 @@ mod tests {
     fn a_timer_that_fired_is_not_kept() {
         let (clock, timer) = lasting_timer();
         let (_, waker) = task();
+        make_known(timer, &waker);
         let mut sleep = keeping(timer, ms(10));
         assert!(poll(&mut sleep, &waker).is_pending());
         clock.advance(ms(10));
@@ -297,6 +469,7 @@ mod tests {
         let (_clock, timer) = lasting_timer_of(Timer::builder().max_pending(1));
         let (_, waker) = task();
         let (_, other) = task();
+        make_known(timer, &waker);
         let mut first = keeping(timer, ms(10));
         assert!(poll(&mut first, &waker).is_pending());
         drop(first);
@@ -307,8 +480,33 @@ mod tests {
         let stats = timer.stats();
         assert_eq!(
             (stats.pending, stats.scheduled, stats.cancelled),
-            (1, 2, 1),
+            (1, 3, 2),
             "{stats:?}"
         );
+    }
+
+    /// A thread's table grows to hold the timers of many tasks that loop over sleeps; at its
+    /// largest, a task whose place another's timer holds has its timers cancelled as before.
+    #[test]
+    fn a_thousand_tasks_looping_on_one_thread_keep_nearly_all_their_timers() {
+        let (_clock, timer) = lasting_timer();
+        let wakers: Vec<(Arc<Task>, Waker)> = (0..1000).map(|_| task()).collect();
+        let mut scheduled = Vec::new();
+        for _round in 0..4 {
+            for (_, waker) in &wakers {
+                let mut sleep = keeping(timer, ms(30_000));
+                assert!(poll(&mut sleep, waker).is_pending());
+            }
+            scheduled.push(timer.stats().scheduled);
+        }
+        let kept = super::kept_here();
+        // The first round notes the tasks, the second keeps their timers, the next two take
+        // them over, but for the few whose places collide at the table's largest.
+        assert!(kept > 900, "{kept} kept");
+        let stats = timer.stats();
+        assert_eq!(stats.pending, kept as u64, "{stats:?}");
+        assert!(scheduled[3] - scheduled[2] < 100, "{scheduled:?}");
+        assert!(super::let_go_of_all());
+        assert_eq!(timer.stats().pending, 0);
     }
 }

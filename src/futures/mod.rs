@@ -163,6 +163,22 @@ impl WakerIdentity {
 /// It completes once the deadline has passed, never before (deadlines round up to the engine's
 /// tick, 1 ms by default, where tokio's also round up to 1 ms).
 ///
+/// # Kept timers
+///
+/// A sleep of the default timer's free functions ([`sleep`](crate::sleep()),
+/// [`sleep_until`](crate::sleep_until()), and the sleeps of [`timeout`](crate::timeout()) and
+/// [`timeout_at`](crate::timeout_at())), or of [`HyperTimer::default`](crate::HyperTimer),
+/// that is dropped while its timer is pending may leave that timer on its thread for its
+/// task's next such sleep, which then takes it over instead of scheduling one. A task that
+/// loops over timeouts (a connection's requests) so costs its engine about one timer per
+/// timeout's length, not one per timeout. The timer is due no later than the next sleep's
+/// deadline; if it fires before it, the task is woken once early, and that sleep schedules a
+/// timer for its own deadline (it never completes early). A timer is kept only for a task that
+/// has dropped such a sleep on that thread before; a bounded number per thread, each until it is
+/// taken over, displaced, fired or the thread exits. A kept timer counts as pending in the
+/// timer's [`stats`](crate::Timer::stats), and holds its task's waker (so the task's memory) as
+/// a pending timer does. The mechanism is described in `src/futures/kept.rs`.
+///
 /// # When the engine cannot keep a timer
 ///
 /// If the engine is shut down (or is shut down while the sleep waits), or holds its
@@ -221,7 +237,6 @@ impl Sleep {
     /// This sleep, keeping its timer for its task's next sleep when dropped (see [`kept`]), if
     /// its engine is one that is never dropped (the default timer's).
     #[inline]
-    #[cfg_attr(not(feature = "hyper"), allow(dead_code))]
     pub(crate) fn kept_on_drop(mut self) -> Sleep {
         self.keep = self.engine.as_forever().is_some();
         self
@@ -527,13 +542,12 @@ impl Drop for Sleep {
             && self.timer.state(engine) == TimerState::Pending
         {
             let due = self.timer_due();
-            // The one displaced (or this one, if it could not be kept) is let go of here.
-            drop(kept::keep(kept::Kept {
+            kept::keep(kept::Kept {
                 engine,
                 identity: self.waker,
                 timer: self.timer,
                 due,
-            }));
+            });
             return;
         }
         self.timer.cancel_and_release(&self.engine);
