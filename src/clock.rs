@@ -310,6 +310,15 @@ impl TickClock {
         }
     }
 
+    /// Whether `deadline` is at or before `than`; both in nanoseconds is the cheap case.
+    #[inline]
+    pub(crate) fn no_later_than(&self, deadline: Deadline, than: Deadline) -> bool {
+        match (deadline, than) {
+            (Deadline::Nanos(deadline), Deadline::Nanos(than)) => deadline <= than,
+            _ => self.instant_of(deadline) <= self.instant_of(than),
+        }
+    }
+
     /// The first tick at or after `deadline` ([`tick_at`](Self::tick_at) of its instant).
     #[inline]
     pub(crate) fn tick_of(&self, deadline: Deadline) -> u64 {

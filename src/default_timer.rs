@@ -115,16 +115,19 @@ fn build_default() -> &'static Timer {
 #[track_caller]
 pub fn sleep(delay: Duration) -> Sleep {
     let timer = default();
-    timer
-        .sleep_on(timer.static_engine_ref(), delay)
-        .kept_on_drop()
+    timer.sleep_on(timer.static_engine_ref(), delay, true)
 }
 
 /// [`Timer::sleep_until`] on the default timer (`tokio::time::sleep_until`). Panics as
 /// [`sleep`] does.
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    Sleep::new(default().static_engine_ref(), Deadline::At(deadline)).kept_on_drop()
+    Sleep::with(
+        default().static_engine_ref(),
+        Deadline::At(deadline),
+        false,
+        true,
+    )
 }
 
 /// [`Timer::timeout`] on the default timer (`tokio::time::timeout`). Panics as [`sleep`] does.
@@ -139,7 +142,7 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 /// ```
 #[track_caller]
 pub fn timeout<F: IntoFuture>(delay: Duration, future: F) -> Timeout<F::IntoFuture> {
-    Timeout::new(future.into_future(), sleep(delay).kept_on_drop())
+    Timeout::new(future.into_future(), sleep(delay))
 }
 
 /// [`Timer::timeout_at`] on the default timer (`tokio::time::timeout_at`). Panics as [`sleep`]

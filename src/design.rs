@@ -54,9 +54,10 @@
 //!    batches after the owner let go of its state (`src/engine/handoff.rs`): closures to the
 //!    pool, waker tasks inline (`src/engine/executor.rs`). Async sleeps, timeouts and intervals
 //!    are such waker tasks (`src/futures/mod.rs`, `src/default_timer.rs`). A sleep moved later
-//!    keeps its timer, and `HyperTimer`'s sleeps on the default timer leave theirs, when
-//!    dropped, to their task's next sleep (`src/futures/kept.rs`): such a timer may wake its
-//!    task early, once, and the sleep then schedules one for its own deadline.
+//!    keeps its timer, and the default timer's sleeps (its free functions' and `HyperTimer`'s)
+//!    leave theirs, when dropped, to their task's next sleep (`src/futures/kept.rs`): such a
+//!    timer may wake its task early, once, and the sleep then schedules one for its own
+//!    deadline.
 //! 7. **Free.** When a timer has fired or been cancelled, the owner has let go of it and no
 //!    handle is left, whoever made that last change returns the slot to the free list with the
 //!    next generation (`src/engine/slot/mod.rs`; the slots that the owner frees as it applies

@@ -218,15 +218,15 @@ impl Timer {
     /// # }
     /// ```
     pub fn sleep(&self, delay: Duration) -> Sleep {
-        self.sleep_on(self.engine_ref(), delay)
+        self.sleep_on(self.engine_ref(), delay, false)
     }
 
     /// A sleep of `delay` from now on `engine` (this timer's); beyond representable time, one
     /// that never comes. A zero `delay` has passed already: the sleep is elapsed.
     #[inline]
-    pub(crate) fn sleep_on(&self, engine: EngineRef, delay: Duration) -> Sleep {
+    pub(crate) fn sleep_on(&self, engine: EngineRef, delay: Duration, keep: bool) -> Sleep {
         let deadline = self.inner.engine.clock.deadline_after(delay);
-        Sleep::new(engine, deadline).elapsed_if(delay.is_zero())
+        Sleep::with(engine, deadline, delay.is_zero(), keep)
     }
 
     /// How this timer's sleeps refer to its engine: by a lease, counted on this thread's stripe.

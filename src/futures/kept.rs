@@ -4,7 +4,7 @@
 //! A task that loops over short-lived sleeps (a timeout around each request of a connection,
 //! hyper's header-read timeout made when a request's head is awaited and dropped when it has
 //! arrived) would arm a timer for each and take it back a moment later. A sleep made *keeping*
-//! (`Sleep::kept_on_drop`: the default timer's free functions and
+//! (`Sleep::with`, `keep`: the default timer's free functions and
 //! [`HyperTimer`](crate::HyperTimer) on the default timer make them) instead leaves its timer
 //! pending when it is dropped, here, under the identity of the waker that timer wakes. The
 //! next keeping sleep that the same task polls on this thread, with a deadline at or after the
@@ -43,9 +43,10 @@
 //! with a plain reference). A kept timer counts as pending in the timer's `stats`.
 
 use super::{TimerSlot, WakerIdentity};
+use crate::TimerState;
+use crate::clock::Deadline;
 use crate::engine::Engine;
 use std::cell::RefCell;
-use std::time::Instant;
 
 /// Places in a thread's table when it first keeps (a power of two).
 pub(super) const FIRST_PLACES: usize = 256;
@@ -53,48 +54,14 @@ pub(super) const FIRST_PLACES: usize = 256;
 pub(super) const MAX_PLACES: usize = 4096;
 
 /// A kept timer: pending when kept (it may have fired since), due at `due`, waking the waker of
-/// `identity`. Dropping it lets the timer go (cancelled if still pending).
-pub(super) struct Kept {
-    pub(super) engine: &'static Engine,
-    pub(super) identity: WakerIdentity,
-    pub(super) timer: TimerSlot,
-    pub(super) due: Instant,
-}
-
-impl Kept {
-    /// The timer, no longer kept: the caller holds its handle now.
-    pub(super) fn into_timer(self) -> (TimerSlot, Instant) {
-        let kept = std::mem::ManuallyDrop::new(self);
-        (kept.timer, kept.due)
-    }
+/// the identity its place holds. Dropping it lets the timer go (cancelled if still pending).
+struct Kept {
+    engine: &'static Engine,
+    timer: TimerSlot,
+    due: Deadline,
 }
 
 impl Drop for Kept {
-    fn drop(&mut self) {
-        self.timer.cancel_and_release(self.engine);
-    }
-}
-
-/// A kept timer as its place holds it (the place holds the identity).
-struct Held {
-    engine: &'static Engine,
-    timer: TimerSlot,
-    due: Instant,
-}
-
-impl Held {
-    fn into_kept(self, identity: WakerIdentity) -> Kept {
-        let held = std::mem::ManuallyDrop::new(self);
-        Kept {
-            engine: held.engine,
-            identity,
-            timer: held.timer,
-            due: held.due,
-        }
-    }
-}
-
-impl Drop for Held {
     fn drop(&mut self) {
         self.timer.cancel_and_release(self.engine);
     }
@@ -106,7 +73,7 @@ impl Drop for Held {
 #[repr(align(64))]
 struct Place {
     identity: WakerIdentity,
-    held: Option<Held>,
+    held: Option<Kept>,
 }
 
 /// The identity of a free place: no waker's (a vtable's address is never 0).
@@ -136,22 +103,13 @@ impl Places {
 
     /// See [`keep`]: returns what it lets go of.
     #[inline]
-    fn keep(&mut self, kept: Kept) -> Option<Kept> {
-        let Some(place) = self.known(kept.identity) else {
+    fn keep(&mut self, identity: WakerIdentity, kept: Kept) -> Option<Kept> {
+        let Some(place) = self.known(identity) else {
             // Not known: noted, and the timer let go of.
-            self.note(kept.identity);
+            self.note(identity);
             return Some(kept);
         };
-        let held = Held {
-            engine: kept.engine,
-            timer: kept.timer,
-            due: kept.due,
-        };
-        let identity = kept.identity;
-        // Now held by the place: not to be let go of.
-        std::mem::forget(kept);
-        let displaced = self.0[place].held.replace(held);
-        displaced.map(|held| held.into_kept(identity))
+        self.0[place].held.replace(kept)
     }
 
     /// Notes `identity` in its place if that is free; if it is another's, grows the table (if
@@ -202,15 +160,24 @@ impl Places {
         &mut self,
         engine: &'static Engine,
         identity: WakerIdentity,
-        deadline: Instant,
-    ) -> Option<Kept> {
+        deadline: Deadline,
+    ) -> Option<(TimerSlot, Deadline)> {
         let place = self.known(identity)?;
-        let held = &mut self.0[place].held;
-        held.as_ref()
-            .is_some_and(|held| std::ptr::eq(held.engine, engine) && held.due <= deadline)
-            .then(|| held.take())
-            .flatten()
-            .map(|held| held.into_kept(identity))
+        let slot = &mut self.0[place].held;
+        let held = slot.as_ref()?;
+        if !std::ptr::eq(held.engine, engine) || !engine.clock.no_later_than(held.due, deadline) {
+            return None;
+        }
+        // Pending, read after the identities matched: the kept timer's waker is alive, so it is
+        // this task's (see the module documentation).
+        if held.timer.state(engine) != TimerState::Pending {
+            // Fired, or cancelled by shutdown: its task is gone already, so letting go of it
+            // runs no user code, and may happen in the table's borrow.
+            *slot = None;
+            return None;
+        }
+        let held = std::mem::ManuallyDrop::new(slot.take()?);
+        Some((held.timer, held.due))
     }
 }
 
@@ -218,26 +185,35 @@ std::thread_local! {
     static KEPT_TIMERS: RefCell<Places> = const { RefCell::new(Places(Vec::new())) };
 }
 
-/// Keeps `kept` on this thread if its identity is known here (see the module documentation),
-/// else notes the identity and lets the timer go. A timer displaced, or this one if it is not
-/// kept (also when the thread's table is gone, or in use further up the stack), is let go of
-/// after the table's borrow ends (its drop may run user code, which may keep a timer).
+/// Keeps `timer` of `engine`, due at `due` and waking the waker of `identity`, on this thread
+/// if that identity is known here (see the module documentation), else notes the identity and
+/// lets the timer go. A timer displaced, or this one if it is not kept (also when the thread's
+/// table is gone, or in use further up the stack), is let go of after the table's borrow ends
+/// (its drop may run user code, which may keep a timer).
 #[inline]
-pub(super) fn keep(kept: Kept) {
+pub(super) fn keep(
+    engine: &'static Engine,
+    identity: WakerIdentity,
+    timer: TimerSlot,
+    due: Deadline,
+) {
+    let kept = Kept { engine, timer, due };
     let let_go = KEPT_TIMERS.try_with(move |all| match all.try_borrow_mut() {
-        Ok(mut all) => all.keep(kept),
+        Ok(mut all) => all.keep(identity, kept),
         Err(_) => Some(kept),
     });
     drop(let_go);
 }
 
-/// The timer kept for `identity` on `engine`, due at or before `deadline`, if there is one:
-/// taken out (the identity stays known).
+/// The timer kept for `identity` on `engine`, due at or before `deadline`, if there is one and
+/// it is still pending: taken out (the identity stays known), as its handle and when it is due.
+/// One that is no longer pending is let go of.
+#[inline]
 pub(super) fn take(
     engine: &'static Engine,
     identity: WakerIdentity,
-    deadline: Instant,
-) -> Option<Kept> {
+    deadline: Deadline,
+) -> Option<(TimerSlot, Deadline)> {
     KEPT_TIMERS
         .try_with(|all| all.try_borrow_mut().ok()?.take(engine, identity, deadline))
         .ok()
@@ -323,7 +299,7 @@ mod tests {
 
     fn keeping(timer: &'static Timer, after: Duration) -> Sleep {
         let deadline = Deadline::At(timer.clock().now() + after);
-        Sleep::new(timer.static_engine_ref(), deadline).kept_on_drop()
+        Sleep::with(timer.static_engine_ref(), deadline, false, true)
     }
 
     fn poll(sleep: &mut Sleep, waker: &Waker) -> Poll<()> {

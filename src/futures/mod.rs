@@ -199,9 +199,9 @@ pub struct Sleep {
     timer: TimerSlot,
     /// The waker its task wakes.
     waker: WakerIdentity,
-    /// When the armed timer is due, if a reset has moved `deadline` (later) without it; `None`:
-    /// the timer is due at `deadline`.
-    timer_due: Option<Instant>,
+    /// When the armed timer is due, if a reset has moved `deadline` (later) without it, or the
+    /// timer was a kept one; `None`: the timer is due at `deadline`.
+    timer_due: Option<Deadline>,
     elapsed: bool,
     /// Dropped with a pending timer, it keeps the timer for its task's next sleep (see
     /// [`kept`]).
@@ -222,6 +222,16 @@ impl Sleep {
     /// A sleep until `deadline` on `engine`, not scheduled yet.
     #[inline]
     pub(crate) fn new(engine: EngineRef, deadline: Deadline) -> Sleep {
+        Sleep::with(engine, deadline, false, false)
+    }
+
+    /// A sleep until `deadline` on `engine`, not scheduled yet: elapsed if `elapsed` (its
+    /// deadline is known to have passed), and keeping its timer for its task's next sleep when
+    /// dropped (see [`kept`]) if `keep` and its engine is one that is never dropped (the
+    /// default timer's). Built in place: a sleep is large enough that each move is a copy.
+    #[inline]
+    pub(crate) fn with(engine: EngineRef, deadline: Deadline, elapsed: bool, keep: bool) -> Sleep {
+        let keep = keep && engine.as_forever().is_some();
         Sleep {
             engine,
             deadline,
@@ -229,17 +239,9 @@ impl Sleep {
             timer: TimerSlot::default(),
             waker: WakerIdentity::default(),
             timer_due: None,
-            elapsed: false,
-            keep: false,
+            elapsed,
+            keep,
         }
-    }
-
-    /// This sleep, keeping its timer for its task's next sleep when dropped (see [`kept`]), if
-    /// its engine is one that is never dropped (the default timer's).
-    #[inline]
-    pub(crate) fn kept_on_drop(mut self) -> Sleep {
-        self.keep = self.engine.as_forever().is_some();
-        self
     }
 
     /// A keeping sleep's first poll: takes over the timer kept for `waker`'s task on this
@@ -249,29 +251,14 @@ impl Sleep {
             return false;
         };
         let identity = WakerIdentity::of(waker);
-        let deadline = engine.clock.instant_of(self.deadline);
-        let Some(kept) = kept::take(engine, identity, deadline) else {
+        let Some((timer, due)) = kept::take(engine, identity, self.deadline) else {
             return false;
         };
-        // Pending, read after the identities matched: the kept timer's waker is alive, so it
-        // is this task's (see `kept`).
-        if kept.timer.state(engine) != TimerState::Pending {
-            drop(kept);
-            return false;
-        }
-        let (timer, due) = kept.into_timer();
         self.timer = timer;
         self.waker = identity;
         self.timer_due = Some(due);
         self.armed = true;
         true
-    }
-
-    /// This sleep, elapsed if `passed` (its deadline is known to have passed).
-    #[inline]
-    pub(crate) fn elapsed_if(mut self, passed: bool) -> Sleep {
-        self.elapsed = passed;
-        self
     }
 
     /// [`reset`](Self::reset) by a caller that has just read the time, `now`: a deadline at or
@@ -329,7 +316,7 @@ impl Sleep {
         match this.timer_due {
             // Later than the timer, which stays: the poll after it fires schedules one for the
             // new deadline (see "How it works").
-            Some(due) if deadline >= due => this.move_later(deadline, due),
+            Some(Deadline::At(due)) if deadline >= due => this.move_later(deadline, due),
             _ => this.reset_armed(deadline),
         }
     }
@@ -338,17 +325,14 @@ impl Sleep {
     /// due: the timer stays (see "How it works").
     #[inline]
     fn move_later(&mut self, deadline: Instant, due: Instant) {
-        self.timer_due = Some(due);
+        self.timer_due = Some(Deadline::At(due));
         self.deadline = Deadline::At(deadline);
         self.timer.count_reset(&self.engine);
     }
 
     /// When the armed timer is due.
-    fn timer_due(&self) -> Instant {
-        match self.timer_due {
-            Some(due) => due,
-            None => self.engine.clock.instant_of(self.deadline),
-        }
+    fn timer_due(&self) -> Deadline {
+        self.timer_due.unwrap_or(self.deadline)
     }
 
     /// Lets go of the armed timer (which has fired, or been cancelled): unarmed.
@@ -362,7 +346,7 @@ impl Sleep {
     #[cold]
     #[inline(never)]
     fn reset_armed(&mut self, deadline: Instant) {
-        let due = self.timer_due();
+        let due = self.engine.clock.instant_of(self.timer_due());
         if deadline >= due {
             return self.move_later(deadline, due);
         }
@@ -542,12 +526,7 @@ impl Drop for Sleep {
             && self.timer.state(engine) == TimerState::Pending
         {
             let due = self.timer_due();
-            kept::keep(kept::Kept {
-                engine,
-                identity: self.waker,
-                timer: self.timer,
-                due,
-            });
+            kept::keep(engine, self.waker, self.timer, due);
             return;
         }
         self.timer.cancel_and_release(&self.engine);
@@ -650,9 +629,10 @@ impl Interval {
             "shardwheel: an interval's `period` must be non-zero"
         );
         // The first tick is due at once if its deadline has passed.
-        let passed = sleep.deadline() <= sleep.engine.clock.clock().now();
+        let mut sleep = sleep;
+        sleep.elapsed = sleep.deadline() <= sleep.engine.clock.clock().now();
         Interval {
-            sleep: sleep.elapsed_if(passed),
+            sleep,
             period,
             missed: MissedTickBehavior::default(),
         }
