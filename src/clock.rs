@@ -310,11 +310,12 @@ impl TickClock {
         }
     }
 
-    /// Whether `deadline` is at or before `than`; both in nanoseconds is the cheap case.
+    /// Whether `deadline` is at or before `than` (compared as they are when both have one form).
     #[inline]
     pub(crate) fn no_later_than(&self, deadline: Deadline, than: Deadline) -> bool {
         match (deadline, than) {
             (Deadline::Nanos(deadline), Deadline::Nanos(than)) => deadline <= than,
+            (Deadline::At(deadline), Deadline::At(than)) => deadline <= than,
             _ => self.instant_of(deadline) <= self.instant_of(than),
         }
     }
@@ -551,7 +552,38 @@ mod tests {
         }
     }
 
+    /// `no_later_than` of two deadlines, each in either form, agrees with their instants
+    /// (within representable time).
+    fn check_no_later_than(a: u64, b: u64) {
+        let clock = TickClock::new(Clock::system(), Duration::from_millis(1));
+        let forms = |nanos: u64| {
+            [
+                Deadline::Nanos(nanos),
+                Deadline::At(clock.instant_of(Deadline::Nanos(nanos))),
+            ]
+        };
+        for x in forms(a) {
+            for y in forms(b) {
+                assert_eq!(
+                    clock.no_later_than(x, y),
+                    clock.instant_of(x) <= clock.instant_of(y),
+                    "{x:?} {y:?}"
+                );
+            }
+        }
+    }
+
     proptest! {
+        #[test]
+        fn no_later_than_agrees_with_instants(
+            a in 0u64..1 << 62,
+            b in prop_oneof![0u64..1 << 62, Just(0u64)],
+            near in -2i64..3,
+        ) {
+            check_no_later_than(a, b);
+            check_no_later_than(a, a.saturating_add_signed(near));
+        }
+
         #[test]
         fn deadline_after_is_its_instant_and_never_early(
             d in prop_oneof![Just(1_000_000u64), 1u64..2_000_000],
