@@ -477,11 +477,12 @@ mod tests {
         }
         let kept = super::kept_here();
         // The first round notes the tasks, the second keeps their timers, the next two take
-        // them over, but for the few whose places collide at the table's largest.
-        assert!(kept > 900, "{kept} kept");
+        // them over, but for those whose places collide at the table's largest: about one in
+        // nine of 1,000 wakers' addresses in 4,096 places, which vary from run to run.
+        assert!(kept > 800, "{kept} kept");
         let stats = timer.stats();
         assert_eq!(stats.pending, kept as u64, "{stats:?}");
-        assert!(scheduled[3] - scheduled[2] < 100, "{scheduled:?}");
+        assert!(scheduled[3] - scheduled[2] < 200, "{scheduled:?}");
         assert!(super::let_go_of_all());
         assert_eq!(timer.stats().pending, 0);
     }
