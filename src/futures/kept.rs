@@ -49,9 +49,9 @@ use crate::engine::Engine;
 use std::cell::RefCell;
 
 /// Places in a thread's table when it first keeps (a power of two).
-pub(super) const FIRST_PLACES: usize = 256;
+const FIRST_PLACES: usize = 256;
 /// Places in a thread's table at most (a power of two): the most timers a thread keeps.
-pub(super) const MAX_PLACES: usize = 4096;
+const MAX_PLACES: usize = 4096;
 
 /// A kept timer: pending when kept (it may have fired since), due at `due`, waking the waker of
 /// the identity its place holds. Dropping it lets the timer go (cancelled if still pending).
@@ -306,13 +306,18 @@ mod tests {
         Pin::new(sleep).poll(&mut Context::from_waker(waker))
     }
 
+    /// Arms a keeping sleep of `after` for `waker`'s task, and drops it.
+    fn arm_and_drop(timer: &'static Timer, waker: &Waker, after: Duration) {
+        let mut sleep = keeping(timer, after);
+        assert!(poll(&mut sleep, waker).is_pending());
+        drop(sleep);
+    }
+
     /// Makes `waker`'s task known on this thread: one keeping sleep armed and dropped (its timer
     /// is cancelled, not kept).
     fn make_known(timer: &'static Timer, waker: &Waker) {
         let before = timer.stats();
-        let mut sleep = keeping(timer, ms(1_000));
-        assert!(poll(&mut sleep, waker).is_pending());
-        drop(sleep);
+        arm_and_drop(timer, waker, ms(1_000));
         let after = timer.stats();
         assert_eq!(after.pending, before.pending, "not kept: {after:?}");
         assert_eq!(after.cancelled, before.cancelled + 1, "{after:?}");
@@ -323,9 +328,7 @@ mod tests {
         let (clock, timer) = lasting_timer();
         let (woken, waker) = task();
         make_known(timer, &waker);
-        let mut first = keeping(timer, ms(10));
-        assert!(poll(&mut first, &waker).is_pending());
-        drop(first);
+        arm_and_drop(timer, &waker, ms(10));
         assert_eq!(timer.stats().pending, 1, "kept");
         let mut second = keeping(timer, ms(20));
         assert!(poll(&mut second, &waker).is_pending());
@@ -347,9 +350,7 @@ mod tests {
     fn a_tasks_first_timer_is_not_kept() {
         let (_clock, timer) = lasting_timer();
         let (_, waker) = task();
-        let mut first = keeping(timer, ms(10));
-        assert!(poll(&mut first, &waker).is_pending());
-        drop(first);
+        arm_and_drop(timer, &waker, ms(10));
         assert_eq!(super::kept_here(), 0);
         let stats = timer.stats();
         assert_eq!((stats.pending, stats.cancelled), (0, 1), "{stats:?}");
@@ -362,9 +363,7 @@ mod tests {
         let (_, other) = task();
         make_known(timer, &waker);
         make_known(timer, &other);
-        let mut first = keeping(timer, ms(10));
-        assert!(poll(&mut first, &waker).is_pending());
-        drop(first);
+        arm_and_drop(timer, &waker, ms(10));
         let mut others = keeping(timer, ms(20));
         assert!(poll(&mut others, &other).is_pending());
         let mut earlier = keeping(timer, ms(5));
@@ -378,9 +377,7 @@ mod tests {
         let (clock, timer) = lasting_timer();
         let (woken, waker) = task();
         make_known(timer, &waker);
-        let mut first = keeping(timer, ms(10));
-        assert!(poll(&mut first, &waker).is_pending());
-        drop(first);
+        arm_and_drop(timer, &waker, ms(10));
         clock.advance(ms(10));
         assert_eq!(woken.0.load(Ordering::SeqCst), 1, "fired for nothing");
         let mut second = keeping(timer, ms(20));
@@ -399,9 +396,7 @@ mod tests {
         std::thread::spawn(move || {
             let (_, waker) = task();
             make_known(timer, &waker);
-            let mut sleep = keeping(timer, ms(10));
-            assert!(poll(&mut sleep, &waker).is_pending());
-            drop(sleep);
+            arm_and_drop(timer, &waker, ms(10));
             assert_eq!(super::kept_here(), 1);
         })
         .join()
@@ -416,9 +411,7 @@ mod tests {
         let (_clock, other) = lasting_timer();
         let (_, waker) = task();
         make_known(one, &waker);
-        let mut first = keeping(one, ms(10));
-        assert!(poll(&mut first, &waker).is_pending());
-        drop(first);
+        arm_and_drop(one, &waker, ms(10));
         let mut second = keeping(other, ms(20));
         assert!(poll(&mut second, &waker).is_pending());
         assert_eq!((one.stats().pending, other.stats().scheduled), (1, 1));
@@ -446,9 +439,7 @@ mod tests {
         let (_, waker) = task();
         let (_, other) = task();
         make_known(timer, &waker);
-        let mut first = keeping(timer, ms(10));
-        assert!(poll(&mut first, &waker).is_pending());
-        drop(first);
+        arm_and_drop(timer, &waker, ms(10));
         assert_eq!(timer.stats().pending, 1, "kept, in the one place");
         // Another task's sleep: the kept timer is not its own, and its place is given back.
         let mut second = keeping(timer, ms(20));
@@ -470,8 +461,7 @@ mod tests {
         let mut scheduled = Vec::new();
         for _round in 0..4 {
             for (_, waker) in &wakers {
-                let mut sleep = keeping(timer, ms(30_000));
-                assert!(poll(&mut sleep, waker).is_pending());
+                arm_and_drop(timer, waker, ms(30_000));
             }
             scheduled.push(timer.stats().scheduled);
         }

@@ -227,11 +227,11 @@ impl Sleep {
 
     /// A sleep until `deadline` on `engine`, not scheduled yet: elapsed if `elapsed` (its
     /// deadline is known to have passed), and keeping its timer for its task's next sleep when
-    /// dropped (see [`kept`]) if `keep` and its engine is one that is never dropped (the
-    /// default timer's). Built in place: a sleep is large enough that each move is a copy.
+    /// dropped (see [`kept`]) if `keep`, which only a sleep whose engine is never dropped (the
+    /// default timer's) acts on: the take and the keep each find that engine first. Built in
+    /// place: a sleep is large enough that each move is a copy.
     #[inline]
     pub(crate) fn with(engine: EngineRef, deadline: Deadline, elapsed: bool, keep: bool) -> Sleep {
-        let keep = keep && engine.as_forever().is_some();
         Sleep {
             engine,
             deadline,
