@@ -113,6 +113,7 @@ fn build_default() -> &'static Timer {
 /// futures::executor::block_on(shardwheel::sleep(std::time::Duration::from_millis(5)));
 /// ```
 #[track_caller]
+#[inline]
 pub fn sleep(delay: Duration) -> Sleep {
     let timer = default();
     timer.sleep_on(timer.static_engine_ref(), delay, true)
@@ -141,6 +142,7 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 /// # }
 /// ```
 #[track_caller]
+#[inline]
 pub fn timeout<F: IntoFuture>(delay: Duration, future: F) -> Timeout<F::IntoFuture> {
     Timeout::new(future.into_future(), sleep(delay))
 }

@@ -26,7 +26,7 @@
 //!
 //! | event | kept timers |
 //! |---|---|
-//! | a keeping sleep with a pending timer is dropped, its identity known | kept in its place (letting go of a timer there: the same task's) |
+//! | a keeping sleep with a timer is dropped, its identity known | kept in its place, pending or not (not read: the take reads it), letting go of a timer there (the same task's) |
 //! | the same, its identity not known | noted in its place if that is free (the table grows if it can; at its largest, another's identity without a timer is noted over); the timer is let go of |
 //! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity, due at or before its deadline | taken over if still pending (read after the identity: see below), else let go of; the identity stays known |
 //! | the table grows | every entry placed again; of two that meet, one with a timer stays, and the other's timer is let go of |
@@ -42,7 +42,7 @@
 //! Only the default timer's sleeps keep (it is never dropped, so a kept timer holds its engine
 //! with a plain reference). A kept timer counts as pending in the timer's `stats`.
 
-use super::{TimerSlot, WakerIdentity};
+use super::{Sleep, TimerSlot, WakerIdentity};
 use crate::TimerState;
 use crate::clock::Deadline;
 use crate::engine::Engine;
@@ -53,12 +53,24 @@ const FIRST_PLACES: usize = 256;
 /// Places in a thread's table at most (a power of two): the most timers a thread keeps.
 const MAX_PLACES: usize = 4096;
 
-/// A kept timer: pending when kept (it may have fired since), due at `due`, waking the waker of
+/// A kept timer: pending or fired (it is read when taken), due at `due`, waking the waker of
 /// the identity its place holds. Dropping it lets the timer go (cancelled if still pending).
 struct Kept {
     engine: &'static Engine,
     timer: TimerSlot,
     due: Deadline,
+}
+
+impl Kept {
+    /// The timer of `sleep` (armed, on `engine`), kept.
+    #[inline]
+    fn of(engine: &'static Engine, sleep: &Sleep) -> Kept {
+        Kept {
+            engine,
+            timer: sleep.timer,
+            due: sleep.timer_due(),
+        }
+    }
 }
 
 impl Drop for Kept {
@@ -101,15 +113,25 @@ impl Places {
         (self.0[place].identity == identity).then_some(place)
     }
 
-    /// See [`keep`]: returns what it lets go of.
+    /// See [`keep`]: whether it kept the timer; one it displaces goes to `displaced`.
     #[inline]
-    fn keep(&mut self, identity: WakerIdentity, kept: Kept) -> Option<Kept> {
-        let Some(place) = self.known(identity) else {
+    fn keep(
+        &mut self,
+        engine: &'static Engine,
+        sleep: &Sleep,
+        displaced: &mut Option<Kept>,
+    ) -> bool {
+        let Some(place) = self.known(sleep.waker) else {
             // Not known: noted, and the timer let go of.
-            self.note(identity);
-            return Some(kept);
+            self.note(sleep.waker);
+            return false;
         };
-        self.0[place].held.replace(kept)
+        let held = &mut self.0[place].held;
+        if held.is_some() {
+            *displaced = held.take();
+        }
+        *held = Some(Kept::of(engine, sleep));
+        true
     }
 
     /// Notes `identity` in its place if that is free; if it is another's, grows the table (if
@@ -160,12 +182,14 @@ impl Places {
         &mut self,
         engine: &'static Engine,
         identity: WakerIdentity,
-        deadline: Deadline,
-    ) -> Option<(TimerSlot, Deadline)> {
+        sleep: &mut Sleep,
+    ) -> Option<()> {
         let place = self.known(identity)?;
         let slot = &mut self.0[place].held;
         let held = slot.as_ref()?;
-        if !std::ptr::eq(held.engine, engine) || !engine.clock.no_later_than(held.due, deadline) {
+        if !std::ptr::eq(held.engine, engine)
+            || !engine.clock.no_later_than(held.due, sleep.deadline)
+        {
             return None;
         }
         // Pending, read after the identities matched: the kept timer's waker is alive, so it is
@@ -177,7 +201,11 @@ impl Places {
             return None;
         }
         let held = std::mem::ManuallyDrop::new(slot.take()?);
-        Some((held.timer, held.due))
+        sleep.timer = held.timer;
+        sleep.waker = identity;
+        sleep.timer_due = Some(held.due);
+        sleep.armed = true;
+        Some(())
     }
 }
 
@@ -185,39 +213,34 @@ std::thread_local! {
     static KEPT_TIMERS: RefCell<Places> = const { RefCell::new(Places(Vec::new())) };
 }
 
-/// Keeps `timer` of `engine`, due at `due` and waking the waker of `identity`, on this thread
-/// if that identity is known here (see the module documentation), else notes the identity and
-/// lets the timer go. A timer displaced, or this one if it is not kept (also when the thread's
+/// Keeps the timer of `sleep` (armed, on `engine`; pending or not) on this thread under the
+/// identity of its waker if that identity is known here (see the module documentation), else
+/// notes the identity and lets the timer go. The sleep's drop ends there. A timer displaced, or this one if it is not kept (also when the thread's
 /// table is gone, or in use further up the stack), is let go of after the table's borrow ends
 /// (its drop may run user code, which may keep a timer).
 #[inline]
-pub(super) fn keep(
-    engine: &'static Engine,
-    identity: WakerIdentity,
-    timer: TimerSlot,
-    due: Deadline,
-) {
-    let kept = Kept { engine, timer, due };
-    let let_go = KEPT_TIMERS.try_with(move |all| match all.try_borrow_mut() {
-        Ok(mut all) => all.keep(identity, kept),
-        Err(_) => Some(kept),
-    });
-    drop(let_go);
+pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
+    let mut displaced = None;
+    let kept = KEPT_TIMERS
+        .try_with(|all| {
+            all.try_borrow_mut()
+                .is_ok_and(|mut all| all.keep(engine, sleep, &mut displaced))
+        })
+        .unwrap_or(false);
+    if !kept {
+        drop(Kept::of(engine, sleep));
+    }
+    drop(displaced);
 }
 
-/// The timer kept for `identity` on `engine`, due at or before `deadline`, if there is one and
-/// it is still pending: taken out (the identity stays known), as its handle and when it is due.
-/// One that is no longer pending is let go of.
+/// Arms `sleep` (unarmed, on `engine`, polled with a waker of `identity`) with the timer kept
+/// for `identity`, if there is one due at or before its deadline and still pending: taken out
+/// (the identity stays known). One that is no longer pending is let go of. Whether it did.
 #[inline]
-pub(super) fn take(
-    engine: &'static Engine,
-    identity: WakerIdentity,
-    deadline: Deadline,
-) -> Option<(TimerSlot, Deadline)> {
+pub(super) fn take(engine: &'static Engine, identity: WakerIdentity, sleep: &mut Sleep) -> bool {
     KEPT_TIMERS
-        .try_with(|all| all.try_borrow_mut().ok()?.take(engine, identity, deadline))
-        .ok()
-        .flatten()
+        .try_with(|all| all.try_borrow_mut().ok()?.take(engine, identity, sleep))
+        .is_ok_and(|taken| taken.is_some())
 }
 
 /// Lets go of every timer kept on this thread (for a sleep its engine refused as full: kept
@@ -421,15 +444,24 @@ mod tests {
     }
 
     #[test]
-    fn a_timer_that_fired_is_not_kept() {
+    fn a_timer_that_fired_is_not_taken() {
         let (clock, timer) = lasting_timer();
-        let (_, waker) = task();
+        let (task, waker) = task();
         make_known(timer, &waker);
         let mut sleep = keeping(timer, ms(10));
         assert!(poll(&mut sleep, &waker).is_pending());
         clock.advance(ms(10));
+        assert_eq!(task.0.load(Ordering::SeqCst), 1);
+        // Kept without a look at it: the take looks, and lets it go.
         drop(sleep);
+        assert_eq!(super::kept_here(), 1);
+        let mut next = keeping(timer, ms(10));
+        assert!(poll(&mut next, &waker).is_pending());
         assert_eq!(super::kept_here(), 0);
+        assert_eq!(timer.stats().pending, 1, "its own timer");
+        clock.advance(ms(10));
+        assert_eq!(task.0.load(Ordering::SeqCst), 2);
+        assert!(poll(&mut next, &waker).is_ready());
         assert_eq!(timer.stats().pending, 0);
     }
 

@@ -250,15 +250,7 @@ impl Sleep {
         let Some(engine) = self.engine.as_forever() else {
             return false;
         };
-        let identity = WakerIdentity::of(waker);
-        let Some((timer, due)) = kept::take(engine, identity, self.deadline) else {
-            return false;
-        };
-        self.timer = timer;
-        self.waker = identity;
-        self.timer_due = Some(due);
-        self.armed = true;
-        true
+        kept::take(engine, WakerIdentity::of(waker), self)
     }
 
     /// [`reset`](Self::reset) by a caller that has just read the time, `now`: a deadline at or
@@ -519,14 +511,10 @@ impl Drop for Sleep {
         if !self.armed {
             return;
         }
-        // A timer that has fired (or was cancelled) is let go of: kept, it would only hold its
-        // slot.
         if self.keep
             && let Some(engine) = self.engine.as_forever()
-            && self.timer.state(engine) == TimerState::Pending
         {
-            let due = self.timer_due();
-            kept::keep(engine, self.waker, self.timer, due);
+            kept::keep(engine, self);
             return;
         }
         self.timer.cancel_and_release(&self.engine);
