@@ -572,6 +572,7 @@ impl<F> Timeout<F> {
 impl<F: Future> Future for Timeout<F> {
     type Output = Result<F::Output, Elapsed>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         // SAFETY: `future` is structurally pinned: it is never moved out of a pinned Timeout
         // (`get_mut` and `into_inner` need an unpinned one), and Timeout has no Drop impl that
@@ -582,8 +583,10 @@ impl<F: Future> Future for Timeout<F> {
         if let Poll::Ready(output) = future.poll(cx) {
             return Poll::Ready(Ok(output));
         }
-        match Pin::new(&mut this.sleep).poll(cx) {
-            Poll::Ready(()) => Poll::Ready(Err(Elapsed(()))),
+        // `poll_sleep`, not `Sleep::poll`: one call fewer per poll.
+        match Pin::new(&mut this.sleep).poll_sleep(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Err(Elapsed(()))),
+            Poll::Ready(Err(error)) => cannot_keep_a_timer(error),
             Poll::Pending => Poll::Pending,
         }
     }
