@@ -14,11 +14,14 @@
 //! timer nobody takes fires so, for nothing, or is let go of when its place is needed or the
 //! thread exits.
 //!
-//! A timer is kept only for a task that has dropped a pending keeping sleep on this thread
-//! before (its identity is *known* here): a task that makes one timeout and ends (a task per
-//! request) leaves only its identity, and its timer is cancelled as before. So the tasks whose
-//! memory a kept timer holds (through the waker its task holds) are tasks that loop over
-//! sleeps, and at most [`MAX_PLACES`] per thread, each for at most its timer's delay.
+//! The timer of a thread's latest keeping drop is the *latest*, held apart from the table: a
+//! task that loops takes its timer over in the same poll that dropped it (a timeout ends, the
+//! next one begins), and then the table is not touched. The next keeping drop on the thread
+//! places the latest in the table, but only for a task that has been placed there before (its
+//! identity is *known* here): a task that makes one timeout and ends (a task per request)
+//! leaves only its identity, and its timer is cancelled then. So the tasks whose memory a kept
+//! timer holds (through the waker its task holds) are tasks that loop over sleeps, at most
+//! [`MAX_PLACES`] per thread, each for at most its timer's delay, and the latest's task.
 //!
 //! An identity has one place in its thread's table (a hash of the waker's data address). The
 //! table starts at [`FIRST_PLACES`] places and doubles, up to [`MAX_PLACES`] (64 bytes each),
@@ -26,9 +29,10 @@
 //!
 //! | event | kept timers |
 //! |---|---|
-//! | a keeping sleep with a timer is dropped, its identity known | kept in its place, pending or not (not read: the take reads it), letting go of a timer there (the same task's) |
+//! | a keeping sleep with a timer is dropped | its timer becomes the latest, pending or not (not read: the take reads it); the one it replaces is placed (next row) |
+//! | the latest is placed, its identity known | kept in its place, letting go of a timer there (the same task's) |
 //! | the same, its identity not known | noted in its place if that is free (the table grows if it can; at its largest, another's identity without a timer is noted over); the timer is let go of |
-//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity, due at or before its deadline | taken over if still pending (read after the identity: see below), else let go of; the identity stays known |
+//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity in the latest or its place, due at or before its deadline | taken over if still pending (read after the identity: see below), else let go of; a known identity stays known |
 //! | the table grows | every entry placed again; of two that meet, one with a timer stays, and the other's timer is let go of |
 //! | a keeping sleep's engine refuses a timer as full | every one on the thread let go of (each holds a place of `max_pending`), and the sleep tries once more |
 //! | the thread exits | every one let go of |
@@ -113,25 +117,16 @@ impl Places {
         (self.0[place].identity == identity).then_some(place)
     }
 
-    /// See [`keep`]: whether it kept the timer; one it displaces goes to `displaced`.
+    /// Places `kept`, the timer of `identity`, if that identity is known (see the module
+    /// documentation), else notes the identity. Returns the timer to let go of: the one it
+    /// displaces (the same task's), or `kept` if not known.
     #[inline]
-    fn keep(
-        &mut self,
-        engine: &'static Engine,
-        sleep: &Sleep,
-        displaced: &mut Option<Kept>,
-    ) -> bool {
-        let Some(place) = self.known(sleep.waker) else {
-            // Not known: noted, and the timer let go of.
-            self.note(sleep.waker);
-            return false;
+    fn place(&mut self, identity: WakerIdentity, kept: Kept) -> Option<Kept> {
+        let Some(place) = self.known(identity) else {
+            self.note(identity);
+            return Some(kept);
         };
-        let held = &mut self.0[place].held;
-        if held.is_some() {
-            *displaced = held.take();
-        }
-        *held = Some(Kept::of(engine, sleep));
-        true
+        self.0[place].held.replace(kept)
     }
 
     /// Notes `identity` in its place if that is free; if it is another's, grows the table (if
@@ -176,7 +171,7 @@ impl Places {
         }
     }
 
-    /// See [`take`].
+    /// See [`take`]: the table's part.
     #[inline]
     fn take(
         &mut self,
@@ -185,52 +180,108 @@ impl Places {
         sleep: &mut Sleep,
     ) -> Option<()> {
         let place = self.known(identity)?;
-        let slot = &mut self.0[place].held;
-        let held = slot.as_ref()?;
-        if !std::ptr::eq(held.engine, engine)
-            || !engine.clock.no_later_than(held.due, sleep.deadline)
+        take_held(&mut self.0[place].held, engine, identity, sleep)
+    }
+}
+
+/// Arms `sleep` with the timer `held` keeps for `identity` (see [`take`]).
+#[inline(always)]
+fn take_held(
+    held: &mut Option<Kept>,
+    engine: &'static Engine,
+    identity: WakerIdentity,
+    sleep: &mut Sleep,
+) -> Option<()> {
+    let kept = held.as_ref()?;
+    if !std::ptr::eq(kept.engine, engine) || !engine.clock.no_later_than(kept.due, sleep.deadline) {
+        return None;
+    }
+    // Pending, read after the identities matched: the kept timer's waker is alive, so it is
+    // this task's (see the module documentation).
+    if kept.timer.state(engine) != TimerState::Pending {
+        // Fired, or cancelled by shutdown: its task is gone already, so letting go of it runs
+        // no user code, and may happen in the table's borrow.
+        *held = None;
+        return None;
+    }
+    let kept = std::mem::ManuallyDrop::new(held.take()?);
+    sleep.timer = kept.timer;
+    sleep.waker = identity;
+    sleep.timer_due = Some(kept.due);
+    sleep.armed = true;
+    Some(())
+}
+
+/// A thread's kept timers.
+#[derive(Default)]
+struct KeptTimers {
+    /// The identity of the timer in `latest` (`FREE` if none).
+    latest_identity: WakerIdentity,
+    /// The timer of the thread's latest keeping drop, not placed in the table yet: the next
+    /// keeping drop places it. A task that takes its timer over in the same poll that dropped it
+    /// (a loop over timeouts) finds it here, without a look at the table.
+    latest: Option<Kept>,
+    places: Places,
+}
+
+impl KeptTimers {
+    /// See [`keep`]: returns the timer to let go of.
+    #[inline]
+    fn keep(&mut self, engine: &'static Engine, sleep: &Sleep) -> Option<Kept> {
+        let previous = self.latest.replace(Kept::of(engine, sleep));
+        let identity = std::mem::replace(&mut self.latest_identity, sleep.waker);
+        self.places.place(identity, previous?)
+    }
+
+    /// See [`take`].
+    #[inline]
+    fn take(
+        &mut self,
+        engine: &'static Engine,
+        identity: WakerIdentity,
+        sleep: &mut Sleep,
+    ) -> Option<()> {
+        if self.latest_identity == identity
+            && take_held(&mut self.latest, engine, identity, sleep).is_some()
         {
-            return None;
+            return Some(());
         }
-        // Pending, read after the identities matched: the kept timer's waker is alive, so it is
-        // this task's (see the module documentation).
-        if held.timer.state(engine) != TimerState::Pending {
-            // Fired, or cancelled by shutdown: its task is gone already, so letting go of it
-            // runs no user code, and may happen in the table's borrow.
-            *slot = None;
-            return None;
-        }
-        let held = std::mem::ManuallyDrop::new(slot.take()?);
-        sleep.timer = held.timer;
-        sleep.waker = identity;
-        sleep.timer_due = Some(held.due);
-        sleep.armed = true;
-        Some(())
+        self.places.take(engine, identity, sleep)
+    }
+
+    /// How many timers it keeps.
+    fn count(&self) -> usize {
+        let placed = self.places.0.iter().filter(|place| place.held.is_some());
+        usize::from(self.latest.is_some()) + placed.count()
     }
 }
 
 std::thread_local! {
-    static KEPT_TIMERS: RefCell<Places> = const { RefCell::new(Places(Vec::new())) };
+    static KEPT_TIMERS: RefCell<KeptTimers> = const {
+        RefCell::new(KeptTimers {
+            latest_identity: FREE,
+            latest: None,
+            places: Places(Vec::new()),
+        })
+    };
 }
 
-/// Keeps the timer of `sleep` (armed, on `engine`; pending or not) on this thread under the
-/// identity of its waker if that identity is known here (see the module documentation), else
-/// notes the identity and lets the timer go. The sleep's drop ends there. A timer displaced, or this one if it is not kept (also when the thread's
-/// table is gone, or in use further up the stack), is let go of after the table's borrow ends
-/// (its drop may run user code, which may keep a timer).
+/// Keeps the timer of `sleep` (armed, on `engine`; pending or not) on this thread, as the
+/// latest; the one it replaces there goes to the table if its identity is known here (see the
+/// module documentation), else its identity is noted and it is let go of. The sleep's drop ends
+/// there. A timer let go of (also this one if the table is gone, or in use further up the
+/// stack) is dropped after the table's borrow ends (its drop may run user code, which may keep
+/// a timer).
 #[inline]
 pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
-    let mut displaced = None;
-    let kept = KEPT_TIMERS
-        .try_with(|all| {
-            all.try_borrow_mut()
-                .is_ok_and(|mut all| all.keep(engine, sleep, &mut displaced))
-        })
-        .unwrap_or(false);
-    if !kept {
-        drop(Kept::of(engine, sleep));
+    let let_go = KEPT_TIMERS.try_with(|all| match all.try_borrow_mut() {
+        Ok(mut all) => all.keep(engine, sleep),
+        Err(_) => Some(Kept::of(engine, sleep)),
+    });
+    match let_go {
+        Ok(let_go) => drop(let_go),
+        Err(_) => drop(Kept::of(engine, sleep)),
     }
-    drop(displaced);
 }
 
 /// Arms `sleep` (unarmed, on `engine`, polled with a waker of `identity`) with the timer kept
@@ -253,19 +304,28 @@ pub(super) fn let_go_of_all() -> bool {
                 .unwrap_or_default()
         })
         .unwrap_or_default();
-    let any = all.0.iter().any(|place| place.held.is_some());
+    let any = all.count() > 0;
     // Dropped here, out of the borrow.
     drop(all);
     any
 }
 
+/// Places the latest kept timer as the next keep would (see [`KeptTimers::keep`]).
+#[cfg(test)]
+fn place_latest() {
+    let let_go = KEPT_TIMERS.with(|all| {
+        let mut all = all.borrow_mut();
+        let identity = std::mem::replace(&mut all.latest_identity, FREE);
+        let latest = all.latest.take()?;
+        all.places.place(identity, latest)
+    });
+    drop(let_go);
+}
+
 /// How many timers this thread keeps.
 #[cfg(test)]
 fn kept_here() -> usize {
-    KEPT_TIMERS.with(|all| {
-        let all = all.borrow();
-        all.0.iter().filter(|place| place.held.is_some()).count()
-    })
+    KEPT_TIMERS.with(|all| all.borrow().count())
 }
 
 #[cfg(test)]
@@ -336,11 +396,12 @@ mod tests {
         drop(sleep);
     }
 
-    /// Makes `waker`'s task known on this thread: one keeping sleep armed and dropped (its timer
-    /// is cancelled, not kept).
+    /// Makes `waker`'s task known on this thread: one keeping sleep armed and dropped, its timer
+    /// then placed as the next keep would (cancelled, not kept).
     fn make_known(timer: &'static Timer, waker: &Waker) {
         let before = timer.stats();
         arm_and_drop(timer, waker, ms(1_000));
+        super::place_latest();
         let after = timer.stats();
         assert_eq!(after.pending, before.pending, "not kept: {after:?}");
         assert_eq!(after.cancelled, before.cancelled + 1, "{after:?}");
@@ -370,13 +431,30 @@ mod tests {
     }
 
     #[test]
-    fn a_tasks_first_timer_is_not_kept() {
+    fn a_tasks_first_timer_is_kept_only_as_the_latest() {
         let (_clock, timer) = lasting_timer();
         let (_, waker) = task();
+        let (_, other) = task();
         arm_and_drop(timer, &waker, ms(10));
-        assert_eq!(super::kept_here(), 0);
+        assert_eq!(super::kept_here(), 1, "the latest");
+        // The next keep places it: its task is not known, so it is cancelled.
+        arm_and_drop(timer, &other, ms(10));
+        assert_eq!(super::kept_here(), 1, "only the other's, the latest");
         let stats = timer.stats();
-        assert_eq!((stats.pending, stats.cancelled), (0, 1), "{stats:?}");
+        assert_eq!((stats.pending, stats.cancelled), (1, 1), "{stats:?}");
+    }
+
+    #[test]
+    fn a_task_that_loops_takes_over_the_latest_timer_at_once() {
+        let (_clock, timer) = lasting_timer();
+        let (_, waker) = task();
+        for _ in 0..3 {
+            arm_and_drop(timer, &waker, ms(10));
+        }
+        let stats = timer.stats();
+        assert_eq!((stats.scheduled, stats.pending), (1, 1), "{stats:?}");
+        assert!(super::let_go_of_all());
+        assert_eq!(timer.stats().pending, 0);
     }
 
     #[test]
