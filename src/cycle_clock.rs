@@ -248,6 +248,7 @@ mod imp {
         static THREAD: Thread = const { Thread::new() };
     }
 
+    #[inline]
     fn shared() -> &'static Shared {
         SHARED.get_or_init(|| Shared::new(&Tsc))
     }

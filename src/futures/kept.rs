@@ -92,8 +92,8 @@ struct Place {
     held: Option<Kept>,
 }
 
-/// The identity of a free place: no waker's (a vtable's address is never 0).
-const FREE: WakerIdentity = WakerIdentity { data: 0, vtable: 0 };
+/// The identity of a free place: no waker's.
+const FREE: WakerIdentity = WakerIdentity::NONE;
 
 /// A thread's table of places.
 #[derive(Default)]

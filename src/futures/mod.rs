@@ -43,7 +43,7 @@ pub(crate) type EngineRef = Lease<Engine>;
 /// holds no `Arc` of the shard (the sleep keeps the engine alive): whoever disarms the sleep
 /// lets go of that handle ([`release`](Self::release) or
 /// [`cancel_and_release`](Self::cancel_and_release)).
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct TimerSlot {
     shard: u32,
     index: u32,
@@ -53,6 +53,14 @@ struct TimerSlot {
 }
 
 impl TimerSlot {
+    /// An unarmed sleep's (meaning nothing).
+    const NONE: TimerSlot = TimerSlot {
+        shard: 0,
+        index: 0,
+        generation: 0,
+        staged: None,
+    };
+
     #[inline]
     fn shard(self, engine: &Engine) -> &ShardShared {
         &engine.shards[self.shard as usize]
@@ -117,6 +125,9 @@ struct WakerIdentity {
 }
 
 impl WakerIdentity {
+    /// No waker's (a vtable's address is never 0).
+    const NONE: WakerIdentity = WakerIdentity { data: 0, vtable: 0 };
+
     fn of(waker: &Waker) -> WakerIdentity {
         WakerIdentity {
             data: waker.data().addr(),
@@ -236,8 +247,8 @@ impl Sleep {
             engine,
             deadline,
             armed: false,
-            timer: TimerSlot::default(),
-            waker: WakerIdentity::default(),
+            timer: TimerSlot::NONE,
+            waker: WakerIdentity::NONE,
             timer_due: None,
             elapsed,
             keep,
