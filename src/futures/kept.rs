@@ -58,7 +58,7 @@ const FIRST_PLACES: usize = 256;
 const MAX_PLACES: usize = 4096;
 
 /// A kept timer: pending or fired (it is read when taken), due at `due`, waking the waker of
-/// the identity its place holds. Dropping it lets the timer go (cancelled if still pending).
+/// the identity its place (or the latest's) holds. Dropping it lets the timer go (cancelled if still pending).
 struct Kept {
     engine: &'static Engine,
     timer: TimerSlot,
@@ -170,18 +170,6 @@ impl Places {
             }
         }
     }
-
-    /// See [`take`]: the table's part.
-    #[inline]
-    fn take(
-        &mut self,
-        engine: &'static Engine,
-        identity: WakerIdentity,
-        sleep: &mut Sleep,
-    ) -> Option<()> {
-        let place = self.known(identity)?;
-        take_held(&mut self.0[place].held, engine, identity, sleep)
-    }
 }
 
 /// Arms `sleep` with the timer `held` keeps for `identity` (see [`take`]).
@@ -246,7 +234,8 @@ impl KeptTimers {
         {
             return Some(());
         }
-        self.places.take(engine, identity, sleep)
+        let place = self.places.known(identity)?;
+        take_held(&mut self.places.0[place].held, engine, identity, sleep)
     }
 
     /// How many timers it keeps.
@@ -285,8 +274,9 @@ pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
 }
 
 /// Arms `sleep` (unarmed, on `engine`, polled with a waker of `identity`) with the timer kept
-/// for `identity`, if there is one due at or before its deadline and still pending: taken out
-/// (the identity stays known). One that is no longer pending is let go of. Whether it did.
+/// for `identity`, the latest or in its place, if there is one due at or before its deadline
+/// and still pending: taken out (a known identity stays known). One that is no longer pending
+/// is let go of. Whether it did.
 #[inline]
 pub(super) fn take(engine: &'static Engine, identity: WakerIdentity, sleep: &mut Sleep) -> bool {
     KEPT_TIMERS

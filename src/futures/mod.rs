@@ -186,9 +186,9 @@ impl WakerIdentity {
 /// deadline; if it fires before it, the task is woken once early, and that sleep schedules a
 /// timer for its own deadline (it never completes early). Beyond the thread's latest such
 /// drop, a timer is kept only for a task that has dropped such a sleep on that thread before; a
-/// bounded number per thread, each until it is taken over, displaced, fired or the thread exits. A kept timer counts as pending in the
-/// timer's [`stats`](crate::Timer::stats), and holds its task's waker (so the task's memory) as
-/// a pending timer does. The mechanism is described in `src/futures/kept.rs`.
+/// bounded number per thread, each until it is taken over, displaced, fired or the thread
+/// exits. A kept timer counts as pending in the timer's [`stats`](crate::Timer::stats), and
+/// holds its task's waker (so the task's memory) as a pending timer does. The mechanism is described in `src/futures/kept.rs`.
 ///
 /// # When the engine cannot keep a timer
 ///
