@@ -447,6 +447,43 @@ mod tests {
         assert_eq!(timer.stats().pending, 0);
     }
 
+    /// A task with two keeping sleeps at once (a timeout inside a timeout): each takes a timer
+    /// of its own, and none is lost.
+    #[test]
+    fn nested_sleeps_of_one_task_each_hold_a_timer_of_their_own() {
+        let (clock, timer) = lasting_timer();
+        let (woken, waker) = task();
+        make_known(timer, &waker);
+        for _ in 0..3 {
+            let mut outer = keeping(timer, ms(20));
+            let mut inner = keeping(timer, ms(10));
+            assert!(poll(&mut inner, &waker).is_pending());
+            assert!(poll(&mut outer, &waker).is_pending());
+            drop(inner);
+            drop(outer);
+        }
+        let stats = timer.stats();
+        assert_eq!(
+            super::kept_here(),
+            2,
+            "the outer's the latest, the inner's placed"
+        );
+        assert_eq!((stats.scheduled, stats.pending), (3, 2), "{stats:?}");
+        // Each sleep still wakes its task at its own deadline.
+        let mut outer = keeping(timer, ms(20));
+        let mut inner = keeping(timer, ms(10));
+        assert!(poll(&mut inner, &waker).is_pending());
+        assert!(poll(&mut outer, &waker).is_pending());
+        clock.advance(ms(10));
+        assert!(woken.0.load(Ordering::SeqCst) >= 1);
+        assert!(poll(&mut inner, &waker).is_ready());
+        assert!(poll(&mut outer, &waker).is_pending());
+        clock.advance(ms(10));
+        assert!(poll(&mut outer, &waker).is_ready());
+        assert!(!super::let_go_of_all(), "both taken, so none left kept");
+        assert_eq!(timer.stats().pending, 0);
+    }
+
     #[test]
     fn another_tasks_sleep_and_an_earlier_deadline_schedule_their_own() {
         let (_clock, timer) = lasting_timer();
