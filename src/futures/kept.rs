@@ -58,7 +58,8 @@ const FIRST_PLACES: usize = 256;
 const MAX_PLACES: usize = 4096;
 
 /// A kept timer: pending or fired (it is read when taken), due at `due`, waking the waker of
-/// the identity its place (or the latest's) holds. Dropping it lets the timer go (cancelled if still pending).
+/// the identity its place (or the latest's) holds. Dropping it lets the timer go (cancelled if
+/// still pending).
 struct Kept {
     engine: &'static Engine,
     timer: TimerSlot,
@@ -216,9 +217,20 @@ impl KeptTimers {
     /// See [`keep`]: returns the timer to let go of.
     #[inline]
     fn keep(&mut self, engine: &'static Engine, sleep: &Sleep) -> Option<Kept> {
+        // Written as one replace: through `place_latest` and then a store, the compiler moved
+        // the timer through the stack once more.
         let previous = self.latest.replace(Kept::of(engine, sleep));
         let identity = std::mem::replace(&mut self.latest_identity, sleep.waker);
         self.places.place(identity, previous?)
+    }
+
+    /// Places the latest in the table, as the next [`keep`](Self::keep) would: returns the
+    /// timer to let go of.
+    #[cfg(test)]
+    fn place_latest(&mut self) -> Option<Kept> {
+        let identity = std::mem::replace(&mut self.latest_identity, FREE);
+        let latest = self.latest.take()?;
+        self.places.place(identity, latest)
     }
 
     /// See [`take`].
@@ -263,14 +275,12 @@ std::thread_local! {
 /// a timer).
 #[inline]
 pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
-    let let_go = KEPT_TIMERS.try_with(|all| match all.try_borrow_mut() {
-        Ok(mut all) => all.keep(engine, sleep),
-        Err(_) => Some(Kept::of(engine, sleep)),
-    });
-    match let_go {
-        Ok(let_go) => drop(let_go),
-        Err(_) => drop(Kept::of(engine, sleep)),
-    }
+    let let_go =
+        match KEPT_TIMERS.try_with(|all| Some(all.try_borrow_mut().ok()?.keep(engine, sleep))) {
+            Ok(Some(let_go)) => let_go,
+            Ok(None) | Err(_) => Some(Kept::of(engine, sleep)),
+        };
+    drop(let_go);
 }
 
 /// Arms `sleep` (unarmed, on `engine`, polled with a waker of `identity`) with the timer kept
@@ -300,15 +310,10 @@ pub(super) fn let_go_of_all() -> bool {
     any
 }
 
-/// Places the latest kept timer as the next keep would (see [`KeptTimers::keep`]).
+/// Places the latest kept timer as the next keep would (see [`KeptTimers::place_latest`]).
 #[cfg(test)]
 fn place_latest() {
-    let let_go = KEPT_TIMERS.with(|all| {
-        let mut all = all.borrow_mut();
-        let identity = std::mem::replace(&mut all.latest_identity, FREE);
-        let latest = all.latest.take()?;
-        all.places.place(identity, latest)
-    });
+    let let_go = KEPT_TIMERS.with(|all| all.borrow_mut().place_latest());
     drop(let_go);
 }
 
