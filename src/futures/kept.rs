@@ -34,7 +34,6 @@
 //! | the same, its identity not known | noted in its place if that is free (the table grows if it can; at its largest, another's identity without a timer is noted over); the timer is let go of |
 //! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity in the latest or its place, due at or before its deadline | taken over if still pending (read after the identity: see below), else let go of; a known identity stays known |
 //! | the table grows | every entry placed again; of two that meet, one with a timer stays, and the other's timer is let go of |
-//! | a keeping sleep's engine refuses a timer as full | every one on the thread let go of (each holds a place of `max_pending`), and the sleep tries once more |
 //! | the thread exits | every one let go of |
 //!
 //! A waker's identity (its addresses) names the same waker only while that waker is alive,
@@ -44,7 +43,10 @@
 //! only has its first timer kept where it would have been cancelled.
 //!
 //! Only the default timer's sleeps keep (it is never dropped, so a kept timer holds its engine
-//! with a plain reference). A kept timer counts as pending in the timer's `stats`.
+//! with a plain reference), and only if it has no `max_pending` limit: a kept timer would hold
+//! a place of the limit that no sleep holds, so a schedule on another thread (whose kept timers
+//! this one cannot let go of) could fail as full while no timer is in use. A kept timer counts
+//! as pending in the timer's `stats`.
 
 use super::{Sleep, TimerSlot, WakerIdentity};
 use crate::TimerState;
@@ -251,6 +253,7 @@ impl KeptTimers {
     }
 
     /// How many timers it keeps.
+    #[cfg(test)]
     fn count(&self) -> usize {
         let placed = self.places.0.iter().filter(|place| place.held.is_some());
         usize::from(self.latest.is_some()) + placed.count()
@@ -271,16 +274,16 @@ std::thread_local! {
 /// latest; the one it replaces there goes to the table if its identity is known here (see the
 /// module documentation), else its identity is noted and it is let go of. The sleep's drop ends
 /// there. A timer let go of (also this one if the table is gone, or in use further up the
-/// stack) is dropped after the table's borrow ends (its drop may run user code, which may keep
-/// a timer).
+/// stack, or if `engine` has a `max_pending` limit) is dropped after the table's borrow ends
+/// (its drop may run user code, which may keep a timer).
 #[inline]
 pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
-    let let_go =
-        match KEPT_TIMERS.try_with(|all| Some(all.try_borrow_mut().ok()?.keep(engine, sleep))) {
-            Ok(Some(let_go)) => let_go,
-            Ok(None) | Err(_) => Some(Kept::of(engine, sleep)),
-        };
-    drop(let_go);
+    let keep = |all: &RefCell<KeptTimers>| Some(all.try_borrow_mut().ok()?.keep(engine, sleep));
+    let let_go = match engine.limit {
+        None => KEPT_TIMERS.try_with(keep).ok().flatten(),
+        Some(_) => None,
+    };
+    drop(let_go.unwrap_or_else(|| Some(Kept::of(engine, sleep))));
 }
 
 /// Arms `sleep` (unarmed, on `engine`, polled with a waker of `identity`) with the timer kept
@@ -294,9 +297,9 @@ pub(super) fn take(engine: &'static Engine, identity: WakerIdentity, sleep: &mut
         .is_ok_and(|taken| taken.is_some())
 }
 
-/// Lets go of every timer kept on this thread (for a sleep its engine refused as full: kept
-/// timers hold places of its `max_pending`). Whether there was any.
-pub(super) fn let_go_of_all() -> bool {
+/// Lets go of every timer kept on this thread. Whether there was any.
+#[cfg(test)]
+fn let_go_of_all() -> bool {
     let all = KEPT_TIMERS
         .try_with(|all| {
             all.try_borrow_mut()
@@ -575,23 +578,39 @@ mod tests {
         assert_eq!(timer.stats().pending, 0);
     }
 
+    /// Under a `max_pending` limit a dropped sleep keeps nothing: a timer kept on one thread
+    /// would hold a place of the limit that another thread's sleep could not get back.
     #[test]
-    fn a_full_engine_takes_back_the_places_of_kept_timers() {
+    fn an_engine_with_a_limit_keeps_no_timer() {
         let (_clock, timer) = lasting_timer_of(Timer::builder().max_pending(1));
+        // On a thread that stays alive, a task's sleeps are armed and dropped: as a known task's
+        // they would keep their timers.
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel();
+        let (end_tx, end_rx) = std::sync::mpsc::channel::<()>();
+        let other_thread = std::thread::spawn(move || {
+            let (_, waker) = task();
+            arm_and_drop(timer, &waker, ms(10_000));
+            arm_and_drop(timer, &waker, ms(10_000));
+            dropped_tx.send(super::kept_here()).expect("send");
+            let _ = end_rx.recv();
+        });
+        let kept_there = dropped_rx.recv().expect("recv");
+        let stats = timer.stats();
+        assert_eq!((kept_there, stats.pending), (0, 0), "{stats:?}");
+        // The one place of the limit is free for this thread's sleep.
         let (_, waker) = task();
-        let (_, other) = task();
-        make_known(timer, &waker);
-        arm_and_drop(timer, &waker, ms(10));
-        assert_eq!(timer.stats().pending, 1, "kept, in the one place");
-        // Another task's sleep: the kept timer is not its own, and its place is given back.
-        let mut second = keeping(timer, ms(20));
-        assert!(poll(&mut second, &other).is_pending());
+        let mut sleep = keeping(timer, ms(20));
+        assert!(poll(&mut sleep, &waker).is_pending());
+        drop(sleep);
+        assert_eq!(super::kept_here(), 0);
         let stats = timer.stats();
         assert_eq!(
             (stats.pending, stats.scheduled, stats.cancelled),
-            (1, 3, 2),
+            (0, 3, 3),
             "{stats:?}"
         );
+        end_tx.send(()).expect("send");
+        other_thread.join().expect("join");
     }
 
     /// A thread's table grows to hold the timers of many tasks that loop over sleeps; at its

@@ -188,7 +188,10 @@ impl WakerIdentity {
 /// drop, a timer is kept only for a task that has dropped such a sleep on that thread before; a
 /// bounded number per thread, each until it is taken over, displaced, fired or the thread
 /// exits. A kept timer counts as pending in the timer's [`stats`](crate::Timer::stats), and
-/// holds its task's waker (so the task's memory) as a pending timer does. The mechanism is described in `src/futures/kept.rs`.
+/// holds its task's waker (so the task's memory) as a pending timer does. A default timer
+/// built with a [`max_pending`](crate::Builder::max_pending) limit keeps none (a kept timer
+/// would hold a place of the limit that no sleep holds). The mechanism is described in
+/// `src/futures/kept.rs`.
 ///
 /// # When the engine cannot keep a timer
 ///
@@ -429,13 +432,7 @@ impl Sleep {
             this.elapsed = true;
             return Poll::Ready(Ok(()));
         };
-        match this.arm(tick, cx.waker()) {
-            // Kept timers hold places of the limit: let them go, and try once more.
-            Poll::Ready(Err(ScheduleError::Full)) if this.keep && kept::let_go_of_all() => {
-                this.arm(tick, cx.waker())
-            }
-            polled => polled,
-        }
+        this.arm(tick, cx.waker())
     }
 
     /// [`poll_sleep`](Self::poll_sleep) of an armed sleep; `None` if it is unarmed now, its
