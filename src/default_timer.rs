@@ -4,9 +4,10 @@
 //!
 //! The default timer is built with [`Timer::new`]'s defaults at the first call of any of them
 //! (or of [`default_timer`]), unless [`set_default_timer`] built it before from a [`Builder`].
-//! It lives as long as the process and is never shut down, so its sleeps refer to its engine
-//! by a plain `&'static` reference (`Timer::static_engine_ref`), with no reference count to
-//! bump per sleep.
+//! It lives as long as the process (it is never dropped; it is shut down only if its user calls
+//! [`Timer::shutdown`] on it, and then its sleeps panic as any shut-down timer's do), so its
+//! sleeps refer to its engine by a plain `&'static` reference (`Timer::static_engine_ref`), with
+//! no reference count to bump per sleep.
 
 use crate::clock::Deadline;
 use crate::error::{BuildError, DefaultTimerError};

@@ -202,7 +202,8 @@ impl WakerIdentity {
 /// hang unnoticed). Callers who need the error instead use
 /// [`Timer::try_sleep_until`](crate::Timer::try_sleep_until), which schedules at once and
 /// returns it, and [`poll_sleep`](Sleep::poll_sleep), which reports a later shutdown as
-/// `Err(ScheduleError::Shutdown)`. The process-wide default timer is never shut down.
+/// `Err(ScheduleError::Shutdown)`. The process-wide default timer is shut down only if its
+/// user calls [`Timer::shutdown`](crate::Timer::shutdown) on it.
 #[must_use = "a Sleep does nothing unless awaited"]
 pub struct Sleep {
     engine: EngineRef,
