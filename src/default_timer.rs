@@ -145,7 +145,30 @@ pub fn sleep_until(deadline: Instant) -> Sleep {
 #[track_caller]
 #[inline]
 pub fn timeout<F: IntoFuture>(delay: Duration, future: F) -> Timeout<F::IntoFuture> {
-    Timeout::new(future.into_future(), sleep(delay))
+    // Around a small future (a channel's receive, one read) the sleep is made inline, and the
+    // compiler folds it into the caller (a loop over timeouts). Around a large one (a server's
+    // response) it then builds the `Timeout` on the stack and copies it, and the caller's
+    // future that holds it, more than once; with the sleep made by a call, it builds them in
+    // place. Keep the future's argument first: evaluated after the call, it is copied again.
+    Timeout::new(
+        future.into_future(),
+        if size_of::<F::IntoFuture>() > LARGE_FUTURE {
+            sleep_out_of_line(delay)
+        } else {
+            sleep(delay)
+        },
+    )
+}
+
+/// The size (bytes) above which [`timeout`] makes its sleep out of line: about where copying
+/// the future a few times costs more than the call.
+const LARGE_FUTURE: usize = 128;
+
+/// [`sleep`], never inline: see [`timeout`].
+#[track_caller]
+#[inline(never)]
+fn sleep_out_of_line(delay: Duration) -> Sleep {
+    sleep(delay)
 }
 
 /// [`Timer::timeout_at`] on the default timer (`tokio::time::timeout_at`). Panics as [`sleep`]
