@@ -391,3 +391,51 @@ fn a_dead_shard_is_reported() {
         "still reported after shutdown"
     );
 }
+
+/// Dropping the last `Timer` with pending tasks whose destructors panic: the drop shuts the
+/// engine down and drops the unfired tasks. Before the fix the first panic escaped the drop,
+/// and a second one aborted the process ("panic in a destructor during cleanup"), also when the
+/// last clone was dropped inside a task. Run in a child process, since the failure aborts.
+#[test]
+fn timer_dropped_with_pending_tasks_whose_drop_panics() {
+    in_child_process("timer_dropped_with_pending_tasks_whose_drop_panics", || {
+        quiet_intentional_panics();
+        for executor in executors() {
+            let timer = one_shard(&executor);
+            for _ in 0..2 {
+                let guard = PanicOnDrop;
+                timer
+                    .schedule(Duration::from_secs(60), move || drop(guard))
+                    .unwrap();
+            }
+            drop(timer);
+            // The last clone dropped by a task, on the engine's own thread.
+            let timer = one_shard(&executor);
+            for _ in 0..2 {
+                let guard = PanicOnDrop;
+                timer
+                    .schedule(Duration::from_secs(60), move || drop(guard))
+                    .unwrap();
+            }
+            let (sender, receiver) = mpsc::channel();
+            let last = timer.clone();
+            timer
+                .schedule(Duration::from_millis(1), move || {
+                    drop(last);
+                    sender.send(()).unwrap();
+                })
+                .unwrap();
+            drop(timer);
+            receiver.recv_timeout(Duration::from_secs(10)).unwrap();
+        }
+        // The unfired timers `shutdown` returns drop quietly too.
+        let timer = one_shard(&Executor::Inline);
+        let guard = PanicOnDrop;
+        timer
+            .schedule(Duration::from_secs(60), move || drop(guard))
+            .unwrap();
+        let unfired = timer.shutdown();
+        assert_eq!(unfired.len(), 1);
+        drop(unfired);
+    });
+}

@@ -151,7 +151,8 @@ pub(crate) fn drop_contained<T>(counters: &ShardCounters, value: T) {
 
 /// Drops `value` under the same guards as [`contain`], counting nothing: for a `Handoff`
 /// dropped with tasks still in it (no shard at hand; only when the engine itself failed
-/// mid-turn), and for the payload of an engine panic.
+/// mid-turn), for the payload of an engine panic, and for the task of an `UnfiredTimer` (its
+/// engine is shut down).
 pub(crate) fn drop_uncounted<T>(value: T) {
     if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(value))) {
         drop_payload(payload);

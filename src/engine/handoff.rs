@@ -12,15 +12,22 @@ use crate::task::Task;
 use std::time::Instant;
 
 /// A timer that was still pending when the engine shut down: its task, returned unrun.
+/// Dropping it drops the task (its closure and what it captured); a panic there is caught and
+/// discarded, as the engine's own drops of tasks are (so dropping a `Timer` with timers
+/// pending, which drops them, cannot panic or abort).
 #[derive(Debug)]
 pub struct UnfiredTimer {
-    task: Task,
+    /// `None` once run.
+    task: Option<Task>,
     deadline: Option<Instant>,
 }
 
 impl UnfiredTimer {
     pub(crate) fn new(task: Task, deadline: Option<Instant>) -> UnfiredTimer {
-        UnfiredTimer { task, deadline }
+        UnfiredTimer {
+            task: Some(task),
+            deadline,
+        }
     }
 
     /// When the timer would have fired (`None` if beyond representable time).
@@ -28,9 +35,19 @@ impl UnfiredTimer {
         self.deadline
     }
 
-    /// Runs the task now, on the calling thread.
-    pub fn run(self) {
-        self.task.run();
+    /// Runs the task now, on the calling thread (a panic in it reaches the caller).
+    pub fn run(mut self) {
+        if let Some(task) = self.task.take() {
+            task.run();
+        }
+    }
+}
+
+impl Drop for UnfiredTimer {
+    fn drop(&mut self) {
+        if let Some(task) = self.task.take() {
+            drop_uncounted(task);
+        }
     }
 }
 
