@@ -8,6 +8,11 @@ use std::fmt;
 pub enum BuildError {
     /// `shards(0)`: at least one shard is needed.
     NoShards,
+    /// `shards(n)` above [`Builder::MAX_SHARDS`](crate::Builder::MAX_SHARDS).
+    TooManyShards {
+        /// The shard count asked for.
+        shards: usize,
+    },
     /// `tick(Duration::ZERO)`: the tick must be positive.
     ZeroTick,
     /// `levels(n)` outside `1..=MAX_LEVELS`.
@@ -26,6 +31,11 @@ impl fmt::Display for BuildError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BuildError::NoShards => write!(f, "a timer needs at least one shard"),
+            BuildError::TooManyShards { shards } => write!(
+                f,
+                "a timer has at most {} shards, not {shards}",
+                crate::Builder::MAX_SHARDS
+            ),
             BuildError::ZeroTick => write!(f, "the tick must be longer than zero"),
             BuildError::InvalidLevels { levels } => write!(
                 f,

@@ -434,8 +434,13 @@ impl Default for Builder {
 }
 
 impl Builder {
+    /// The most shards a timer may have: one per CPU is the design, and each shard is a thread
+    /// with its own memory.
+    pub const MAX_SHARDS: usize = 1024;
+
     /// Number of shards (default: [`std::thread::available_parallelism`], the CPUs this
-    /// process may use, or 1 if unknown). Zero is an error.
+    /// process may use, or 1 if unknown). Zero, or more than [`MAX_SHARDS`](Self::MAX_SHARDS),
+    /// is an error.
     pub fn shards(mut self, shards: usize) -> Builder {
         self.shards = Some(shards);
         self

@@ -3,7 +3,7 @@
 mod support;
 
 use shardwheel::wheel::MAX_LEVELS;
-use shardwheel::{BuildError, Executor, Stats, Timer, TimerHandle};
+use shardwheel::{BuildError, Builder, Executor, Stats, Timer, TimerHandle};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -224,6 +224,14 @@ fn build_errors() {
         Timer::builder().shards(0).build(),
         Err(BuildError::NoShards)
     ));
+    // Too many shards: a typed error, not a failed allocation (usize::MAX once panicked with
+    // "capacity overflow", 2^32 aborted).
+    for shards in [Builder::MAX_SHARDS + 1, 1 << 32, usize::MAX] {
+        assert!(matches!(
+            Timer::builder().shards(shards).build(),
+            Err(BuildError::TooManyShards { shards: asked }) if asked == shards
+        ));
+    }
     assert!(matches!(
         Timer::builder().tick(Duration::ZERO).build(),
         Err(BuildError::ZeroTick)

@@ -74,9 +74,16 @@ impl Engine {
     /// the clock's `advance` calls [`drive`](Self::drive)).
     pub(crate) fn start(settings: Settings) -> Result<Arc<Engine>, BuildError> {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let shard_count = settings.shards.unwrap_or(cpus);
+        let shard_count = settings
+            .shards
+            .unwrap_or(cpus.min(crate::Builder::MAX_SHARDS));
         if shard_count == 0 {
             return Err(BuildError::NoShards);
+        }
+        if shard_count > crate::Builder::MAX_SHARDS {
+            return Err(BuildError::TooManyShards {
+                shards: shard_count,
+            });
         }
         if settings.tick.is_zero() {
             return Err(BuildError::ZeroTick);
