@@ -179,6 +179,30 @@ fn interval_skip_returns_to_the_grid() {
     );
 }
 
+/// Skip with a period beyond 2^64 ns (584 years): the point it skips to is still on the grid
+/// (its distance behind the grid once went through a u64 and was cut).
+#[test]
+fn interval_skip_keeps_the_grid_of_a_period_of_centuries() {
+    let (clock, timer) = manual_timer(1, ms(1));
+    let year = Duration::from_secs(365 * 86_400);
+    let start = clock.now().checked_sub(year * 600).expect("600 years back");
+    let period = year * 700;
+    let mut interval = timer.interval_at(start, period);
+    interval.set_missed_tick_behavior(MissedTickBehavior::Skip);
+    assert_eq!(
+        poll_noop(&mut Box::pin(interval.tick())),
+        Poll::Ready(start)
+    );
+    // The next point is start + 700 years, 100 years from now.
+    clock.advance(year * 99);
+    assert!(poll_noop(&mut Box::pin(interval.tick())).is_pending());
+    clock.advance(year * 2);
+    assert_eq!(
+        poll_noop(&mut Box::pin(interval.tick())),
+        Poll::Ready(start + period)
+    );
+}
+
 #[test]
 fn interval_delay_restarts_from_the_late_tick() {
     assert_eq!(

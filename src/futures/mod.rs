@@ -606,6 +606,8 @@ impl<F: Future> Future for Timeout<F> {
 /// How late a tick may be observed and still count as on time (tokio's figure).
 const TICK_TOLERANCE: Duration = Duration::from_millis(5);
 
+const NANOS_PER_SECOND: u128 = 1_000_000_000;
+
 /// Ticks on a grid: see [`Timer::interval`](crate::Timer::interval) and
 /// [`interval`](crate::interval()). Like `tokio::time::Interval`.
 ///
@@ -658,8 +660,14 @@ impl Interval {
                 let next = match self.missed {
                     MissedTickBehavior::Delay if late => now.checked_add(period),
                     MissedTickBehavior::Skip if late => {
+                        // How far `now` is past the grid's last point: less than a period, so a
+                        // `Duration` (whose seconds are a u64), however long the period.
                         let behind = (now - due).as_nanos() % period.as_nanos();
-                        now.checked_add(period - Duration::from_nanos(behind as u64))
+                        let behind = Duration::new(
+                            (behind / NANOS_PER_SECOND) as u64,
+                            (behind % NANOS_PER_SECOND) as u32,
+                        );
+                        now.checked_add(period - behind)
                     }
                     _ => due.checked_add(period),
                 };
