@@ -109,7 +109,8 @@ impl Clock {
 
     /// Moves a manual clock forward by `by` and returns once every timer due by the new time,
     /// on every timer engine built on this clock, has been handed to run (tasks that run
-    /// inline have run). Does nothing to the system clock.
+    /// inline have run). Does nothing to the system clock. A timer engine's time stops about
+    /// 584 years (2^64 ns) after it was built: a timer due later never fires.
     pub fn advance(&self, by: Duration) {
         let Some(manual) = &self.manual else { return };
         let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
@@ -201,6 +202,12 @@ pub(crate) enum Deadline {
     Nanos(u64),
 }
 
+/// The most nanoseconds since its origin a [`TickClock`] reads (about 584 years: only a manual
+/// clock gets there): one short of `u64::MAX`, so that the current tick never reaches
+/// `u64::MAX`, the tick of deadlines beyond representable time, which never come. Time stops
+/// there: a timer due later never fires.
+const LAST_NANOS: u64 = u64::MAX - 1;
+
 /// A clock seen in ticks of a fixed length since a fixed origin: how shards and handles turn
 /// instants into wheel deadlines.
 #[derive(Clone, Debug)]
@@ -255,7 +262,7 @@ impl TickClock {
                 .saturating_duration_since(self.origin)
                 .as_nanos(),
         )
-        .unwrap_or(u64::MAX)
+        .map_or(LAST_NANOS, |nanos| nanos.min(LAST_NANOS))
     }
 
     /// The current tick: the number of whole ticks since the origin. A timer whose deadline

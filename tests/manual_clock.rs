@@ -535,3 +535,36 @@ fn lazy_and_relocating_resets_fire_at_the_last_deadline() {
     assert_eq!(stats.reset, resets);
     assert_eq!(stats.pending, 0);
 }
+
+/// A manual clock advanced beyond what the engine's time holds (2^64 ns, about 584 years, on a
+/// 1 ns tick): a timer due later, or never, does not fire (the engine's time stops short of the
+/// tick of "never"; it once reached it and ran them), and a repeating timer does not run
+/// back to back at the stopped time (`advance` once never returned).
+#[test]
+fn time_beyond_584_years_runs_no_timer_early_and_no_repeat_forever() {
+    let (clock, timer) = manual_timer(1, Duration::from_nanos(1));
+    let ran = counter();
+    let count = |ran: &Arc<AtomicUsize>| {
+        let ran = ran.clone();
+        move || {
+            ran.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    let never = timer.schedule(Duration::MAX, count(&ran)).unwrap();
+    let far = clock.now() + Duration::from_secs(1 << 40);
+    let beyond = timer.schedule_at(far, count(&ran)).unwrap();
+    clock.advance(Duration::from_secs(600 * 365 * 86_400));
+    assert_eq!(get(&ran), 0, "{:?}", timer.stats());
+    assert_eq!(never.state(), TimerState::Pending);
+    assert_eq!(beyond.state(), TimerState::Pending);
+    // At the stopped time, a repeating timer's next run is never due at once.
+    let repeats = counter();
+    let repeating = timer
+        .schedule_repeating(ms(1), MissedTickBehavior::Skip, count(&repeats))
+        .unwrap();
+    clock.advance(Duration::MAX);
+    assert_eq!(get(&ran), 0, "{:?}", timer.stats());
+    assert!(get(&repeats) <= 1, "{} runs", get(&repeats));
+    assert!(repeating.cancel());
+    assert!(never.cancel() && beyond.cancel());
+}
