@@ -290,8 +290,8 @@ impl TickClock {
     }
 
     /// The deadline `delay` from now: on the cycle clock (see [`tick_after`](Self::tick_after))
-    /// in nanoseconds, else (or beyond them) an instant; beyond representable time, one that
-    /// never comes.
+    /// in nanoseconds, else (or beyond them) an instant; beyond representable time,
+    /// [`far_future`]'s.
     #[inline]
     pub(crate) fn deadline_after(&self, delay: Duration) -> Deadline {
         let cycle_now = self.cycle_now_nanos();
@@ -448,7 +448,9 @@ fn nanos_after(now: u64, delay: Duration) -> Option<u64> {
     now.checked_add(u64::try_from(delay.as_nanos()).ok()?)
 }
 
-/// An instant so far ahead that no timer on it fires within any run (about 30 years).
+/// An instant so far ahead that no timer on it fires within any run: 2^30 s (about 34 years)
+/// after `now`, or as far as an `Instant` goes. Where a sleep's deadline is beyond
+/// representable time, as tokio's sleeps (30 years).
 pub(crate) fn far_future(now: Instant) -> Instant {
     let mut ahead = Duration::from_secs(1 << 30);
     loop {

@@ -208,7 +208,10 @@ impl Timer {
     ///
     /// Its [`deadline`](Sleep::deadline) is `delay` after the time read here, which on the
     /// system clock may come from the cheaper cycle counter: never before `Instant::now()`, and
-    /// at most some tens of microseconds after it (see `src/cycle_clock.rs`).
+    /// at most some tens of microseconds after it (see `src/cycle_clock.rs`). A deadline beyond
+    /// what an `Instant` holds (`Duration::MAX`) is 2^30 s (about 34 years) away instead, as a
+    /// tokio sleep's is 30 years; the same holds for the deadlines of [`timeout`](Self::timeout)
+    /// and of an [`Interval`]'s ticks.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -222,7 +225,8 @@ impl Timer {
     }
 
     /// A sleep of `delay` from now on `engine` (this timer's); beyond representable time, one
-    /// that never comes. A zero `delay` has passed already: the sleep is elapsed.
+    /// until `far_future` (about 34 years). A zero `delay` has passed already: the sleep is
+    /// elapsed.
     #[inline]
     pub(crate) fn sleep_on(&self, engine: EngineRef, delay: Duration, keep: bool) -> Sleep {
         let deadline = self.inner.engine.clock.deadline_after(delay);
