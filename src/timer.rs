@@ -115,7 +115,7 @@ impl Timer {
     }
 
     /// Runs `task` at `deadline` (rounded up to the tick). A deadline in the past fires at the
-    /// shard's next turn.
+    /// shard's first turn once its rounded-up tick has come: within one tick from now.
     pub fn schedule_at<F>(&self, deadline: Instant, task: F) -> Result<TimerHandle, ScheduleError>
     where
         F: FnOnce() + Send + 'static,
