@@ -392,6 +392,16 @@ fn a_dead_shard_is_reported() {
     );
 }
 
+/// Schedules `count` timers due in a minute whose tasks' destructors panic.
+fn pending_tasks_whose_drop_panics(timer: &Timer, count: usize) {
+    for _ in 0..count {
+        let guard = PanicOnDrop;
+        timer
+            .schedule(Duration::from_secs(60), move || drop(guard))
+            .unwrap();
+    }
+}
+
 /// Dropping the last `Timer` with pending tasks whose destructors panic: the drop shuts the
 /// engine down and drops the unfired tasks. Before the fix the first panic escaped the drop,
 /// and a second one aborted the process ("panic in a destructor during cleanup"), also when the
@@ -402,21 +412,11 @@ fn timer_dropped_with_pending_tasks_whose_drop_panics() {
         quiet_intentional_panics();
         for executor in executors() {
             let timer = one_shard(&executor);
-            for _ in 0..2 {
-                let guard = PanicOnDrop;
-                timer
-                    .schedule(Duration::from_secs(60), move || drop(guard))
-                    .unwrap();
-            }
+            pending_tasks_whose_drop_panics(&timer, 2);
             drop(timer);
             // The last clone dropped by a task, on the engine's own thread.
             let timer = one_shard(&executor);
-            for _ in 0..2 {
-                let guard = PanicOnDrop;
-                timer
-                    .schedule(Duration::from_secs(60), move || drop(guard))
-                    .unwrap();
-            }
+            pending_tasks_whose_drop_panics(&timer, 2);
             let (sender, receiver) = mpsc::channel();
             let last = timer.clone();
             timer
@@ -430,10 +430,7 @@ fn timer_dropped_with_pending_tasks_whose_drop_panics() {
         }
         // The unfired timers `shutdown` returns drop quietly too.
         let timer = one_shard(&Executor::Inline);
-        let guard = PanicOnDrop;
-        timer
-            .schedule(Duration::from_secs(60), move || drop(guard))
-            .unwrap();
+        pending_tasks_whose_drop_panics(&timer, 1);
         let unfired = timer.shutdown();
         assert_eq!(unfired.len(), 1);
         drop(unfired);
