@@ -24,8 +24,10 @@ use crate::task::Repeat;
 /// | `Burst` (default) | the next grid point, even if it has passed | every grid point, the missed ones back to back |
 /// | `Delay` | `now + p`: the grid restarts from the late tick | one per period from then on |
 /// | `Skip` | the first grid point after `now` | on the original grid, the passed points dropped |
+///
+/// Like tokio's, it is not `#[non_exhaustive]`: a `match` over the three policies compiles
+/// after a switch from tokio.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
 pub enum MissedTickBehavior {
     /// Tick for every missed grid point, back to back, then continue on the grid (the default,
     /// as in tokio).

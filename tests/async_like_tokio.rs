@@ -238,6 +238,23 @@ macro_rules! scenarios {
             }
         }
 
+        /// Code that compiles against tokio compiles here: `?` turns `Elapsed` into an
+        /// `io::Error`, and a `match` over the missed-tick policies needs no `_` arm.
+        pub async fn elapsed_is_an_io_error_and_the_policies_match_exhaustively() {
+            async fn read_within(delay: Duration) -> std::io::Result<u32> {
+                timeout(delay, pending::<()>()).await?;
+                Ok(1)
+            }
+            let error = read_within(ms(1)).await.unwrap_err();
+            assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+            let name = |policy| match policy {
+                MissedTickBehavior::Burst => "burst",
+                MissedTickBehavior::Delay => "delay",
+                MissedTickBehavior::Skip => "skip",
+            };
+            assert_eq!(name(MissedTickBehavior::default()), "burst");
+        }
+
         pub async fn missed_ticks_delay() {
             let (first, unblocked, ticks) = ticks_after_a_block(MissedTickBehavior::Delay, 4).await;
             assert_eq!(ticks[0].0, first + PERIOD);
@@ -351,4 +368,5 @@ run_everywhere!(
     missed_ticks_burst,
     missed_ticks_skip,
     missed_ticks_delay,
+    elapsed_is_an_io_error_and_the_policies_match_exhaustively,
 );

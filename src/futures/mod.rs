@@ -542,6 +542,14 @@ impl fmt::Display for Elapsed {
 
 impl std::error::Error for Elapsed {}
 
+/// As tokio's: an [`ErrorKind::TimedOut`](std::io::ErrorKind::TimedOut) error, so that
+/// `timeout(d, io).await?` works in a function returning `io::Result`.
+impl From<Elapsed> for std::io::Error {
+    fn from(elapsed: Elapsed) -> std::io::Error {
+        std::io::Error::new(std::io::ErrorKind::TimedOut, elapsed)
+    }
+}
+
 /// A future with a deadline: see [`Timer::timeout`](crate::Timer::timeout) and
 /// [`timeout`](crate::timeout()). Like `tokio::time::Timeout`.
 ///
