@@ -13,8 +13,10 @@ usage: shardwheel-load [FLAGS]
                      (default 1..=cores)
   --timers N         timers per workload, overriding P (churn), N (storm, memory,
                      shrink), the idle count and C (reset); accepts 1000000, 1_000_000,
-                     1M, 500k (timeouts has no timer count: 1,000 tasks per worker)
-  --seconds S        length of the timed loops (churn, idle, reset, timeouts; default 5)
+                     1M, 500k, at most 100M (timeouts has no timer count: 1,000 tasks
+                     per worker)
+  --seconds S        length of the timed loops (churn, idle, reset, timeouts; default 5;
+                     0.01 to 3600)
   --compare LIST     also run baselines: tokio, heap, or tokio,heap; the report then
                      shows each metric's ratio shardwheel/baseline (sw/tokio, sw/heap);
                      heap has no futures API, so timeouts runs without it
@@ -188,6 +190,13 @@ fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
+/// The most timers `--timers` takes: W3 and W7 hold that many at once (48 bytes each in
+/// shardwheel, several times that in tokio).
+const MAX_TIMERS: usize = 100_000_000;
+
+/// The shortest timed loop `--seconds` takes: shorter loops measure the clock, not the timer.
+const MIN_SECONDS: f64 = 0.01;
+
 /// Parses a count: digits with optional `_` separators, and an optional k/M/G suffix.
 fn parse_count(flag: &str, text: &str) -> Result<usize, String> {
     let cleaned: String = text.chars().filter(|c| *c != '_').collect();
@@ -264,6 +273,7 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
     let mut timers = None;
     let mut seconds = None;
     let mut repeat = None;
+    let mut seen = std::collections::HashSet::new();
 
     while let Some(arg) = args.next() {
         let (flag, inline) = match arg.split_once('=') {
@@ -283,6 +293,9 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
                 | "--json"
                 | "--plot"
         );
+        if takes_value && !seen.insert(flag.clone()) {
+            return Err(format!("{flag} given twice"));
+        }
         let value = if takes_value {
             match inline {
                 Some(value) => value,
@@ -296,6 +309,9 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
         };
         if takes_value && value.trim().is_empty() {
             return Err(format!("{flag} needs a non-empty value"));
+        }
+        if takes_value && value.starts_with("--") {
+            return Err(format!("{flag} needs a value, not the flag '{value}'"));
         }
         match flag.as_str() {
             "-h" | "--help" => return Ok(Parsed::Help),
@@ -329,14 +345,22 @@ pub(crate) fn parse(args: impl IntoIterator<Item = String>) -> Result<Parsed, St
                 )?;
             }
             "--threads" => threads = Some(parse_threads(&value)?),
-            "--timers" => timers = Some(parse_count("--timers", &value)?),
+            "--timers" => {
+                let count = parse_count("--timers", &value)?;
+                if count > MAX_TIMERS {
+                    return Err(format!(
+                        "--timers is at most {MAX_TIMERS} (about 5 GB of timers), not {count}"
+                    ));
+                }
+                timers = Some(count);
+            }
             "--seconds" => {
                 let parsed: f64 = value.trim().parse().map_err(|_| {
                     format!("--seconds expects a number of seconds like 5 or 0.5, not '{value}'")
                 })?;
-                if !(parsed.is_finite() && parsed > 0.0 && parsed <= 3600.0) {
+                if !(parsed.is_finite() && (MIN_SECONDS..=3600.0).contains(&parsed)) {
                     return Err(format!(
-                        "--seconds must be more than 0 and at most 3600, not {value}"
+                        "--seconds must be {MIN_SECONDS} to 3600, not {value}"
                     ));
                 }
                 seconds = Some(parsed);
@@ -496,6 +520,13 @@ mod tests {
             &["--repeat", "2.5"],
             &["--repeat", "1001"],
             &["--workloads", "W8"],
+            &["--timers", "100000001"],
+            &["--timers", "18446744073709551615"],
+            &["--seconds", "1e-9"],
+            &["--json", "--quick"],
+            &["--plot", "--quick"],
+            &["--compare", "tokio", "--compare", "heap"],
+            &["--workloads", "churn", "--workloads=storm"],
         ] {
             assert!(run(bad).is_err(), "{bad:?} accepted");
         }

@@ -69,6 +69,16 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The chart is drawn at the end: find out now whether it can be written.
+    if let Some(path) = &config.plot
+        && let Err(error) = std::fs::File::create(path)
+    {
+        eprintln!(
+            "error: cannot write --plot file {}: {error}",
+            path.display()
+        );
+        return ExitCode::from(2);
+    }
     run(&config, &mut report)
 }
 
@@ -87,14 +97,27 @@ fn run(config: &Config, report: &mut Report) -> ExitCode {
     }
     report.write_summary_json();
     print!("{}", report.render());
+    let mut outputs_written = true;
     if let Some(path) = &config.plot {
         match plot::draw(&report.medians(), path) {
             Ok(()) => println!("\nchart written to {}", path.display()),
-            Err(error) => eprintln!("\nwarning: could not draw {}: {error}", path.display()),
+            Err(error) => {
+                eprintln!("\nerror: could not draw {}: {error}", path.display());
+                outputs_written = false;
+            }
         }
     }
     if let Some(path) = &config.json {
-        println!("JSON lines written to {}", path.display());
+        match report.json_error() {
+            None => println!("JSON lines written to {}", path.display()),
+            Some(error) => {
+                eprintln!(
+                    "error: JSON lines not all written to {}: {error}",
+                    path.display()
+                );
+                outputs_written = false;
+            }
+        }
     }
     println!("\ntotal run time: {:.1} s", started.elapsed().as_secs_f64());
     let anomalies = report::anomalies();
@@ -102,7 +125,11 @@ fn run(config: &Config, report: &mut Report) -> ExitCode {
         println!(
             "no engine problem observed (no early, lost or doubled fires; no refused schedules; every cancel/reset of a pending timer succeeded)"
         );
-        ExitCode::SUCCESS
+        if outputs_written {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        }
     } else {
         println!("\nENGINE PROBLEMS OBSERVED:");
         for (message, count) in anomalies {

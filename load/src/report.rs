@@ -61,6 +61,8 @@ pub(crate) struct Report {
     /// The repetition now running: stamped on every sample added.
     pub(crate) run: usize,
     json: Option<BufWriter<File>>,
+    /// Why writing the JSON file failed, if it did (the file then stops being written).
+    json_error: Option<String>,
 }
 
 fn json_string(text: &str) -> String {
@@ -119,7 +121,13 @@ impl Report {
             notes: Vec::new(),
             run: 0,
             json,
+            json_error: None,
         })
+    }
+
+    /// Why writing the JSON file failed, if it did.
+    pub(crate) fn json_error(&self) -> Option<&str> {
+        self.json_error.as_deref()
     }
 
     /// Adds a sample (and writes its JSON line).
@@ -149,8 +157,9 @@ impl Report {
         if let Some(json) = &mut self.json {
             let written = writeln!(json, "{}", sample.to_json()).and_then(|()| json.flush());
             if let Err(error) = written {
-                eprintln!("warning: could not write the JSON file: {error}");
+                eprintln!("error: could not write the JSON file: {error}");
                 self.json = None;
+                self.json_error = Some(error.to_string());
             }
         }
     }
