@@ -294,7 +294,11 @@ impl Sleep {
         self.engine.clock.instant_of(self.deadline)
     }
 
-    /// Whether the deadline has passed: a poll saw it, or the timer has fired.
+    /// Whether the deadline has passed: a poll saw it, or the timer has fired. Two cases differ
+    /// from tokio's: a `sleep(Duration::ZERO)` is elapsed before its first poll (tokio's from
+    /// its first poll), and after a [`reset`](Self::reset) to a deadline that has passed, it
+    /// is false until the next poll, which completes (tokio's reset fires its timer, so it is
+    /// true at once).
     pub fn is_elapsed(&self) -> bool {
         self.elapsed
             || (self.armed
