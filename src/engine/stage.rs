@@ -49,6 +49,14 @@
 //! shard that sleeps until a deadline before its own: a busy producer whose timeouts end
 //! before their shard looks wakes it not at all.
 //!
+//! # Memory
+//!
+//! A stage lives as long as its shard: a thread that exits leaves its stages orphaned, and the
+//! next thread to schedule on the shard takes one over. So a shard holds a ring of
+//! [`CAPACITY`] cells for each thread that has staged on it at the same time as others, at
+//! most [`MAX_STAGES`]: a process that once had many submitting threads at once keeps their
+//! rings (reused, not grown) until its timer is dropped, and the default timer's for good.
+//!
 //! # Rewinding
 //!
 //! A producer that retracted the timer of cell `tail - 1` stores `tail - 1`, fences, then reads
