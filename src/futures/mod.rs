@@ -178,7 +178,7 @@ impl WakerIdentity {
 ///
 /// A sleep of the default timer's free functions ([`sleep`](crate::sleep()),
 /// [`sleep_until`](crate::sleep_until()), and the sleeps of [`timeout`](crate::timeout()) and
-/// [`timeout_at`](crate::timeout_at())), or of [`HyperTimer::default`](crate::HyperTimer),
+/// [`timeout_at`](crate::timeout_at())), or of `HyperTimer::default()` (feature `hyper`),
 /// that is dropped while its timer is pending may leave that timer on its thread for its
 /// task's next such sleep, which then takes it over instead of scheduling one. A task that
 /// loops over timeouts (a connection's requests) so costs its engine about one timer per
