@@ -24,6 +24,10 @@ pub enum BuildError {
     Spawn(std::io::Error),
     /// The default rayon pool could not be built. No longer returned: the pool starts with the
     /// first closure task, and failing that is [`ScheduleError::ExecutorUnavailable`].
+    #[deprecated(
+        note = "never returned: the pool starts with the first closure task, and \
+                         failing that is ScheduleError::ExecutorUnavailable"
+    )]
     ThreadPool(String),
 }
 
@@ -43,6 +47,7 @@ impl fmt::Display for BuildError {
                 crate::wheel::MAX_LEVELS
             ),
             BuildError::Spawn(error) => write!(f, "could not start a shard thread: {error}"),
+            #[allow(deprecated)]
             BuildError::ThreadPool(error) => {
                 write!(f, "could not build the executor pool: {error}")
             }

@@ -51,7 +51,9 @@ fn nanos(duration: Duration) -> u64 {
 /// let handle = timer.schedule(Duration::from_secs(30), || println!("request timed out"))?;
 /// assert!(handle.cancel()); // the request finished in time
 /// let (sender, receiver) = std::sync::mpsc::channel();
-/// timer.schedule(Duration::from_millis(5), move || sender.send("fired").unwrap())?;
+/// timer.schedule(Duration::from_millis(5), move || {
+///     let _ = sender.send("fired");
+/// })?;
 /// assert_eq!(receiver.recv()?, "fired");
 /// timer.shutdown();
 /// # Ok(())
@@ -95,6 +97,10 @@ impl std::fmt::Debug for Timer {
 impl Timer {
     /// A timer with every default: one shard per CPU this process may use, 1 ms tick, pinned
     /// threads, no limit.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::Spawn`] if a shard thread cannot be started.
     pub fn new() -> Result<Timer, BuildError> {
         Timer::builder().build()
     }
@@ -105,6 +111,13 @@ impl Timer {
     }
 
     /// Runs `task` once `delay` has passed (rounded up to the tick), on the executor.
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::Shutdown`] after [`shutdown`](Self::shutdown), [`ScheduleError::Full`]
+    /// at the [`max_pending`](Builder::max_pending) limit, [`ScheduleError::ShardFailed`] if
+    /// the shard's thread died (an engine bug), [`ScheduleError::ExecutorUnavailable`] if the
+    /// default executor pool cannot be started; the task is then dropped, not run.
     pub fn schedule<F>(&self, delay: Duration, task: F) -> Result<TimerHandle, ScheduleError>
     where
         F: FnOnce() + Send + 'static,
@@ -116,6 +129,10 @@ impl Timer {
 
     /// Runs `task` at `deadline` (rounded up to the tick). A deadline in the past fires at the
     /// shard's first turn once its rounded-up tick has come: within one tick from now.
+    ///
+    /// # Errors
+    ///
+    /// As [`schedule`](Self::schedule).
     pub fn schedule_at<F>(&self, deadline: Instant, task: F) -> Result<TimerHandle, ScheduleError>
     where
         F: FnOnce() + Send + 'static,
@@ -131,6 +148,10 @@ impl Timer {
     /// slow run or a busy executor made it miss. The handle's `cancel` stops future runs (a run
     /// in progress finishes); `reset` moves the next run and restarts the grid from it. A
     /// panicking run stops the timer and is counted in [`Stats::panicked`].
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::ZeroPeriod`] for a zero `period`; else as [`schedule`](Self::schedule).
     pub fn schedule_repeating<F>(
         &self,
         period: Duration,
@@ -145,6 +166,10 @@ impl Timer {
 
     /// Like [`schedule_repeating`](Self::schedule_repeating), with the first run after
     /// `initial_delay` and the grid continuing from it every `period`.
+    ///
+    /// # Errors
+    ///
+    /// As [`schedule_repeating`](Self::schedule_repeating).
     pub fn schedule_repeating_after<F>(
         &self,
         initial_delay: Duration,
@@ -164,6 +189,10 @@ impl Timer {
 
     /// Runs `task` first after `initial_delay`, then each time `delay` after the previous run
     /// returned (fixed delay). Otherwise as [`schedule_repeating`](Self::schedule_repeating).
+    ///
+    /// # Errors
+    ///
+    /// [`ScheduleError::ZeroPeriod`] for a zero `delay`; else as [`schedule`](Self::schedule).
     pub fn schedule_with_fixed_delay<F>(
         &self,
         initial_delay: Duration,
@@ -260,7 +289,7 @@ impl Timer {
     /// let timer = Timer::builder().max_pending(1).build()?;
     /// let soon = std::time::Instant::now() + std::time::Duration::from_millis(5);
     /// let first = timer.try_sleep_until(soon)?;
-    /// assert_eq!(timer.try_sleep_until(soon).unwrap_err(), ScheduleError::Full);
+    /// assert!(matches!(timer.try_sleep_until(soon), Err(ScheduleError::Full)));
     /// futures::executor::block_on(first);
     /// # Ok(())
     /// # }
@@ -504,6 +533,12 @@ impl Builder {
     }
 
     /// Starts the engine.
+    ///
+    /// # Errors
+    ///
+    /// [`BuildError::NoShards`], [`BuildError::TooManyShards`], [`BuildError::ZeroTick`] or
+    /// [`BuildError::InvalidLevels`] for a configuration out of range; [`BuildError::Spawn`] if
+    /// a shard thread cannot be started.
     pub fn build(self) -> Result<Timer, BuildError> {
         let engine = Engine::start(Settings {
             shards: self.shards,

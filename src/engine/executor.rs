@@ -81,7 +81,7 @@ pub(crate) struct Pool {
     /// Threads of the engine's own pool.
     threads: usize,
     /// Whether the engine's own pool's threads ask for short time slices
-    /// ([`time_slice`](super::time_slice)).
+    /// ([`time_slice`]).
     short_time_slices: bool,
 }
 

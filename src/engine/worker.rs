@@ -29,7 +29,7 @@ thread_local! {
 pub(crate) struct Placing {
     /// The CPU to pin the thread to, if any.
     pub(crate) pin: Option<core_affinity::CoreId>,
-    /// Whether to ask for short time slices ([`time_slice`](super::time_slice)).
+    /// Whether to ask for short time slices ([`time_slice`]).
     pub(crate) short_time_slice: bool,
 }
 

@@ -5,7 +5,7 @@
 //! hyper's header-read timeout made when a request's head is awaited and dropped when it has
 //! arrived) would arm a timer for each and take it back a moment later. A sleep made *keeping*
 //! (`Sleep::with`, `keep`: the default timer's free functions and
-//! [`HyperTimer`](crate::HyperTimer) on the default timer make them) instead leaves its timer
+//! `HyperTimer` on the default timer make them) instead leaves its timer
 //! pending when it is dropped, here, under the identity of the waker that timer wakes. The
 //! next keeping sleep that the same task polls on this thread, with a deadline at or after the
 //! kept timer's, takes it over: no timer armed, none taken back, no waker cloned or dropped.

@@ -263,7 +263,7 @@ pub(crate) struct SlotTable {
     free_head: CachePadded<AtomicU64>,
     /// Slots never handed out (since the last reclaim) start here.
     fresh: CachePadded<Fresh>,
-    /// Producers are to keep no [spares](spares) (read at each spare taken or given, written
+    /// Producers are to keep no [spares] (read at each spare taken or given, written
     /// by the shard around its reclaims).
     flushing: CachePadded<AtomicBool>,
 }
