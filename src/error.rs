@@ -24,10 +24,7 @@ pub enum BuildError {
     Spawn(std::io::Error),
     /// The default rayon pool could not be built. No longer returned: the pool starts with the
     /// first closure task, and failing that is [`ScheduleError::ExecutorUnavailable`].
-    #[deprecated(
-        note = "never returned: the pool starts with the first closure task, and \
-                         failing that is ScheduleError::ExecutorUnavailable"
-    )]
+    #[deprecated(note = "never returned: see ScheduleError::ExecutorUnavailable")]
     ThreadPool(String),
 }
 

@@ -278,9 +278,10 @@ std::thread_local! {
 /// (its drop may run user code, which may keep a timer).
 #[inline]
 pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
-    let keep = |all: &RefCell<KeptTimers>| Some(all.try_borrow_mut().ok()?.keep(engine, sleep));
+    let keep_here =
+        |all: &RefCell<KeptTimers>| Some(all.try_borrow_mut().ok()?.keep(engine, sleep));
     let let_go = match engine.limit {
-        None => KEPT_TIMERS.try_with(keep).ok().flatten(),
+        None => KEPT_TIMERS.try_with(keep_here).ok().flatten(),
         Some(_) => None,
     };
     drop(let_go.unwrap_or_else(|| Some(Kept::of(engine, sleep))));
