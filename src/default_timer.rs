@@ -117,18 +117,19 @@ fn build_default() -> &'static Timer {
 #[inline]
 pub fn sleep(delay: Duration) -> Sleep {
     let timer = default();
-    timer.sleep_on(timer.static_engine_ref(), delay, true)
+    timer.sleep_on(timer.static_engine_ref(), delay, timer.keeps_timers())
 }
 
 /// [`Timer::sleep_until`] on the default timer (`tokio::time::sleep_until`). Panics as
 /// [`sleep`] does.
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
+    let timer = default();
     Sleep::with(
-        default().static_engine_ref(),
+        timer.static_engine_ref(),
         Deadline::At(deadline),
         false,
-        true,
+        timer.keeps_timers(),
     )
 }
 

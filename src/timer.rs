@@ -273,6 +273,15 @@ impl Timer {
         Lease::forever(&self.inner.engine)
     }
 
+    /// Whether the sleeps of this timer, if it is never dropped (the default timer), keep their
+    /// timers when dropped (see `futures::kept`): not under a `max_pending` limit, where a kept
+    /// timer would hold a place of the limit that no sleep holds, so that a schedule on another
+    /// thread (whose kept timers this one cannot let go of) could fail as full while no timer
+    /// is in use.
+    pub(crate) fn keeps_timers(&self) -> bool {
+        self.inner.engine.limit.is_none()
+    }
+
     /// A future that completes at `deadline`, as `tokio::time::sleep_until` (a deadline that has
     /// passed: see [`Sleep`] on its first poll). Otherwise as [`sleep`](Self::sleep).
     pub fn sleep_until(&self, deadline: Instant) -> Sleep {

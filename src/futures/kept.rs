@@ -43,10 +43,8 @@
 //! only has its first timer kept where it would have been cancelled.
 //!
 //! Only the default timer's sleeps keep (it is never dropped, so a kept timer holds its engine
-//! with a plain reference), and only if it has no `max_pending` limit: a kept timer would hold
-//! a place of the limit that no sleep holds, so a schedule on another thread (whose kept timers
-//! this one cannot let go of) could fail as full while no timer is in use. A kept timer counts
-//! as pending in the timer's `stats`.
+//! with a plain reference), and only if it has no `max_pending` limit (`Timer::keeps_timers`
+//! says why). A kept timer counts as pending in the timer's `stats`.
 
 use super::{Sleep, TimerSlot, WakerIdentity};
 use crate::TimerState;
@@ -274,17 +272,16 @@ std::thread_local! {
 /// latest; the one it replaces there goes to the table if its identity is known here (see the
 /// module documentation), else its identity is noted and it is let go of. The sleep's drop ends
 /// there. A timer let go of (also this one if the table is gone, or in use further up the
-/// stack, or if `engine` has a `max_pending` limit) is dropped after the table's borrow ends
-/// (its drop may run user code, which may keep a timer).
+/// stack) is dropped after the table's borrow ends (its drop may run user code, which may keep
+/// a timer).
 #[inline]
 pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
-    let keep_here =
-        |all: &RefCell<KeptTimers>| Some(all.try_borrow_mut().ok()?.keep(engine, sleep));
-    let let_go = match engine.limit {
-        None => KEPT_TIMERS.try_with(keep_here).ok().flatten(),
-        Some(_) => None,
-    };
-    drop(let_go.unwrap_or_else(|| Some(Kept::of(engine, sleep))));
+    let let_go =
+        match KEPT_TIMERS.try_with(|all| Some(all.try_borrow_mut().ok()?.keep(engine, sleep))) {
+            Ok(Some(let_go)) => let_go,
+            Ok(None) | Err(_) => Some(Kept::of(engine, sleep)),
+        };
+    drop(let_go);
 }
 
 /// Arms `sleep` (unarmed, on `engine`, polled with a waker of `identity`) with the timer kept
@@ -381,7 +378,12 @@ mod tests {
 
     fn keeping(timer: &'static Timer, after: Duration) -> Sleep {
         let deadline = Deadline::At(timer.clock().now() + after);
-        Sleep::with(timer.static_engine_ref(), deadline, false, true)
+        Sleep::with(
+            timer.static_engine_ref(),
+            deadline,
+            false,
+            timer.keeps_timers(),
+        )
     }
 
     fn poll(sleep: &mut Sleep, waker: &Waker) -> Poll<()> {
