@@ -32,7 +32,7 @@
 //! | a keeping sleep with a timer is dropped | its timer becomes the latest, pending or not (not read: the take reads it); the one it replaces is placed (next row) |
 //! | the latest is placed, its identity known | kept in its place, letting go of a timer there (the same task's) |
 //! | the same, its identity not known | noted in its place if that is free (the table grows if it can; at its largest, another's identity without a timer is noted over); the timer is let go of |
-//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity in the latest or its place, due at or before its deadline | taken over if still pending (read after the identity: see below), else let go of; a known identity stays known |
+//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity in the latest or its place, due at or before its deadline (on a manual clock, a deadline that has not passed: its shard turns only in `advance`) | taken over if still pending (read after the identity: see below), else let go of; a known identity stays known |
 //! | the table grows | every entry placed again; of two that meet, one with a timer stays, and the other's timer is let go of |
 //! | the thread exits | every one let go of |
 //!
@@ -429,6 +429,25 @@ mod tests {
         assert_eq!(woken.0.load(Ordering::SeqCst), 2);
         assert_eq!(poll(&mut second, &waker), Poll::Ready(()));
         assert_eq!(timer.stats().pending, 0);
+    }
+
+    /// On a manual clock a shard turns only in `advance`: a kept timer due in a tick the clock
+    /// has not reached would hold a sleep whose deadline has passed until an advance that may
+    /// never come.
+    #[test]
+    fn a_sleep_whose_deadline_passed_on_a_manual_clock_takes_no_kept_timer() {
+        let (clock, timer) = lasting_timer();
+        let (woken, waker) = task();
+        // Kept: due at tick 1 (0.5 ms rounded up).
+        arm_and_drop(timer, &waker, Duration::from_micros(500));
+        // Tick 0 still: the kept timer is pending.
+        clock.advance(Duration::from_micros(700));
+        assert_eq!(timer.stats().pending, 1);
+        let passed = Deadline::At(clock.now() - Duration::from_micros(100));
+        let mut sleep = Sleep::with(timer.static_engine_ref(), passed, false, true);
+        assert_eq!(poll(&mut sleep, &waker), Poll::Ready(()));
+        assert_eq!(woken.0.load(Ordering::SeqCst), 0);
+        assert!(super::let_go_of_all(), "the kept timer stays");
     }
 
     #[test]

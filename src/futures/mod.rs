@@ -268,6 +268,12 @@ impl Sleep {
         kept::take(engine, WakerIdentity::of(waker), self)
     }
 
+    /// Whether the clock is manual and shows the deadline passed (see `poll_sleep`).
+    fn passed_on_manual_clock(&self) -> bool {
+        let clock = &self.engine.clock;
+        clock.clock().is_manual() && clock.tick_unless_passed(self.deadline).is_none()
+    }
+
     /// [`reset`](Self::reset) by a caller that has just read the time, `now`: a deadline at or
     /// before it is elapsed at once, without a timer.
     fn reset_knowing(&mut self, deadline: Instant, now: Instant) {
@@ -427,8 +433,9 @@ impl Sleep {
         }
         // A kept timer is due at or before the deadline: if that has passed, so has the
         // timer's, which then fires at its shard's next turn (and is not pending at all if the
-        // shard has seen its tick), as a timer armed now would.
-        if this.keep && this.take_kept(cx.waker()) {
+        // shard has seen its tick), as a timer armed now would. But a manual clock's shard turns
+        // only in `advance`, which may never come: there a passed deadline completes first.
+        if this.keep && !this.passed_on_manual_clock() && this.take_kept(cx.waker()) {
             return Poll::Pending;
         }
         // Lazy registration: the first poll that does not know the deadline passed schedules
