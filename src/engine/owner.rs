@@ -201,7 +201,7 @@ impl ShardOwner {
     /// Whether a staged timer is due before tick `tick` (asked before the worker sleeps).
     pub(crate) fn staged_due_before(&mut self, tick: u64) -> bool {
         let shared = self.shared.clone();
-        self.stages.due_before(&shared.stages, tick)
+        self.stages.due_before(&shared.stages, &shared.slots, tick)
     }
 
     /// Stores a timer just adopted from a stage (see [`stage`](super::stage)).

@@ -441,8 +441,11 @@ impl Consumer<'_> {
     }
 
     /// Whether a published cell not yet consumed is due before tick `tick` (or there are more
-    /// than [`PEEK_LIMIT`] of them).
-    fn due_before(&self, tick: u64) -> bool {
+    /// than [`PEEK_LIMIT`] of them): by the deadline at scheduling, or by its slot's now, which
+    /// a reset may have moved earlier (its `Relocate`, applied before the shard adopts the
+    /// timer, wakes nothing then). A slot retracted and reused since only wakes the shard for
+    /// nothing.
+    fn due_before(&self, slots: &SlotTable, tick: u64) -> bool {
         let stage = self.stage;
         let head = self.head.get();
         // May be below `head`: as in `pop`.
@@ -450,8 +453,11 @@ impl Consumer<'_> {
         if tail.saturating_sub(head) > PEEK_LIMIT {
             return true;
         }
-        // SAFETY: as in `pop`: published, not reused, and ours to read.
-        (head..tail).any(|position| unsafe { stage.meta(position) }.deadline < tick)
+        (head..tail).any(|position| {
+            // SAFETY: as in `pop`: published, not reused, and ours to read.
+            let meta = unsafe { stage.meta(position) };
+            meta.deadline.min(slots.deadline(meta.index)) < tick
+        })
     }
 }
 
@@ -625,23 +631,37 @@ impl Stages {
 
     /// Drains the calling thread's own stage of this shard, if it has one, after the shard's
     /// last drain (see "Shutdown"): `each` gets the task of every cell left that was not
-    /// retracted (all of them cancelled while staged).
+    /// retracted (all of them cancelled while staged), once the consumer's role is let go of:
+    /// a task's drop (user code) may submit, and so drain this stage, itself.
     pub(crate) fn drain_own(&self, slots: &SlotTable, mut each: impl FnMut(Adoption, Task)) {
-        if let Some(stage) = self.own() {
-            stage
-                .consume()
-                .drain(slots, usize::MAX, |_, adoption, task| each(adoption, task));
+        let Some(stage) = self.own() else {
+            return;
+        };
+        let mut left = Vec::new();
+        stage
+            .consume()
+            .drain(slots, usize::MAX, |_, adoption, task| {
+                left.push((adoption, task));
+            });
+        for (adoption, task) in left {
+            each(adoption, task);
         }
     }
 
     /// When the shard goes: drains every stage (only a failure can have kept the shard from
-    /// its last drain), `each` getting the tasks, and threads forget the stages.
+    /// its last drain), `each` getting the tasks once the stage list's lock and the consumers'
+    /// roles are let go of (a task's drop may stage, or drain a stage, itself), and threads
+    /// forget the stages.
     pub(crate) fn close(&self, slots: &SlotTable, mut each: impl FnMut(Task)) {
+        let mut left = Vec::new();
         for stage in lock(&self.registered).iter() {
             stage.shard_gone.store(true, Ordering::Relaxed);
             if let Some(consumer) = stage.try_consume() {
-                consumer.drain(slots, usize::MAX, |_, _, task| each(task));
+                consumer.drain(slots, usize::MAX, |_, _, task| left.push(task));
             }
+        }
+        for task in left {
+            each(task);
         }
     }
 }
@@ -696,12 +716,12 @@ impl StageList {
 
     /// Whether a stage holds a timer due before tick `tick` (see [`Consumer::due_before`]);
     /// called by the owner after it set `PARKED` (Dekker: see "Waking the shard").
-    pub(crate) fn due_before(&mut self, stages: &Stages, tick: u64) -> bool {
+    pub(crate) fn due_before(&mut self, stages: &Stages, slots: &SlotTable, tick: u64) -> bool {
         self.refresh(stages);
         self.stages.iter().any(|stage| {
             stage
                 .try_consume()
-                .is_none_or(|consumer| consumer.due_before(tick))
+                .is_none_or(|consumer| consumer.due_before(slots, tick))
         })
     }
 }
@@ -746,3 +766,31 @@ thread_local! {
 
 /// What [`LAST`] holds when it names no stage (no `Stages` has this id).
 const NO_STAGE: (u64, *const Stage) = (u64::MAX, std::ptr::null());
+
+#[cfg(all(test, not(shardwheel_loom)))]
+mod tests {
+    use super::*;
+
+    /// A staged timer whose deadline a reset moved earlier, before its shard adopted it, is
+    /// due by its new deadline: the shard must not sleep past it.
+    #[test]
+    fn a_staged_timer_moved_earlier_is_due_by_its_new_deadline() {
+        let (stages, slots) = (Stages::new(), SlotTable::new());
+        let (index, generation) = slots.allocate().expect("a free slot");
+        slots.begin_staged(index, generation, 100);
+        let meta = Meta {
+            index,
+            generation,
+            deadline: 100,
+        };
+        assert!(
+            stages.push(meta, || Task::new(|| {}), &slots).is_ok(),
+            "staged"
+        );
+        let mut list = StageList::default();
+        assert!(!list.due_before(&stages, &slots, 10));
+        slots.set_deadline(index, 5);
+        assert!(list.due_before(&stages, &slots, 10));
+        list.drain(&stages, &slots, usize::MAX, true, |_, _, _| {});
+    }
+}
