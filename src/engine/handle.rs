@@ -65,6 +65,12 @@ impl TimerHandle {
     /// Pushing a one-shot timer's deadline later (the common case: an idle timeout pushed
     /// back on activity) writes the deadline in place and sends no message: the owning shard
     /// notices when it reaches the old deadline.
+    ///
+    /// A repeating timer's resets each send a message; at most 2^17 - 1 of them may wait for
+    /// its shard at once, and a further reset waits until the shard has applied some. From the
+    /// shard's own thread (an [`Executor::Inline`](crate::Executor::Inline) task, or a waker the
+    /// shard wakes), or between two advances of a manual clock, that wait lasts until shutdown:
+    /// do not reset one repeating timer that many times there.
     pub fn reset(&self, delay: Duration) -> bool {
         self.reset_to_tick(self.shard.clock.tick_after(delay))
     }
