@@ -2,6 +2,7 @@
 
 use super::shared::{ShardShared, Via};
 use super::slot::TimerState;
+use super::worker;
 use crate::error::ScheduleError;
 use crate::sync::Arc;
 use crate::task::Task;
@@ -67,10 +68,9 @@ impl TimerHandle {
     /// notices when it reaches the old deadline.
     ///
     /// A repeating timer's resets each send a message; at most 2^17 - 1 of them may wait for
-    /// its shard at once, and a further reset waits until the shard has applied some. From the
-    /// shard's own thread (an [`Executor::Inline`](crate::Executor::Inline) task, or a waker the
-    /// shard wakes), or between two advances of a manual clock, that wait lasts until shutdown:
-    /// do not reset one repeating timer that many times there.
+    /// its shard at once, and a further reset waits until the shard has applied some (applying
+    /// them itself where the shard could not: on the shard's own thread, or with a manual
+    /// clock).
     pub fn reset(&self, delay: Duration) -> bool {
         self.reset_to_tick(self.shard.clock.tick_after(delay))
     }
@@ -82,7 +82,8 @@ impl TimerHandle {
     }
 
     pub(crate) fn reset_to_tick(&self, deadline: u64) -> bool {
-        self.shard.reset(self.index, self.generation, deadline)
+        self.shard
+            .reset(self.index, self.generation, deadline, worker::let_catch_up)
     }
 
     /// The timer's state now.

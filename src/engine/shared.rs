@@ -11,7 +11,7 @@ use crate::clock::TickClock;
 use crate::error::ScheduleError;
 use crate::stats::ShardCounters;
 use crate::stats::counter_stripe;
-use crate::sync::{Arc, AtomicUsize, Ordering, thread};
+use crate::sync::{Arc, AtomicUsize, Ordering};
 use crate::task::Task;
 use crossbeam_utils::CachePadded;
 
@@ -283,8 +283,17 @@ impl ShardShared {
     }
 
     /// Moves timer `(index, generation)` to tick `deadline`: true iff it was still pending
-    /// ([`TimerHandle::reset`](super::handle::TimerHandle::reset) documents it).
-    pub(crate) fn reset(&self, index: u32, generation: u32, deadline: u64) -> bool {
+    /// ([`TimerHandle::reset`](super::handle::TimerHandle::reset) documents it). A repeating
+    /// timer's reset that finds the most resets in flight (2^17 - 1) calls `catch_up` until the
+    /// shard has applied some ([`worker::let_catch_up`](super::worker::let_catch_up): this
+    /// module cannot name the shard's owner).
+    pub(crate) fn reset(
+        &self,
+        index: u32,
+        generation: u32,
+        deadline: u64,
+        catch_up: fn(&ShardShared),
+    ) -> bool {
         match self.slots.reset_lazy(index, generation, deadline) {
             LazyReset::NotPending => return false,
             LazyReset::Done { earlier } => {
@@ -311,8 +320,7 @@ impl ShardShared {
                     if self.inbox.is_closed() {
                         return false;
                     }
-                    self.inbox.wake();
-                    thread::yield_now();
+                    catch_up(self);
                 }
             }
         }

@@ -51,14 +51,56 @@ pub(crate) fn spawn(
 }
 
 /// Takes the owner of `shard` if this thread is its worker and is running user code.
-pub(crate) fn take_parked_owner(shard: &Arc<ShardShared>) -> Option<ShardOwner> {
+pub(crate) fn take_parked_owner(shard: &ShardShared) -> Option<ShardOwner> {
     PARKED_OWNER.with(|parked| {
         let mut parked = parked.borrow_mut();
         match parked.as_ref() {
-            Some(owner) if Arc::ptr_eq(&owner.shared, shard) => parked.take(),
+            Some(owner) if std::ptr::eq(Arc::as_ptr(&owner.shared), shard) => parked.take(),
             _ => None,
         }
     })
+}
+
+/// Lets `shard` apply the messages in its inbox, for a thread that must wait until it has (a
+/// reset of a repeating timer that found the most resets in flight: see
+/// [`ShardShared::reset`]). A manual clock's shards turn only when driven: they are driven
+/// here (an advance by zero, which runs the tasks due by then, as any advance would). The
+/// shard's own worker, running user code (an inline task, a
+/// waker, a task's drop), would wait for itself: it applies the inbox here, with the owner it
+/// parked, and drops what that lets go of once the owner is parked again. Any other thread
+/// wakes the shard and yields.
+pub(crate) fn let_catch_up(shard: &ShardShared) {
+    let clock = shard.clock.clock();
+    if clock.is_manual() {
+        clock.advance(std::time::Duration::ZERO);
+        return;
+    }
+    let Some(owner) = take_parked_owner(shard) else {
+        shard.inbox.wake();
+        thread::yield_now();
+        return;
+    };
+    let mut handoff = Handoff::default();
+    {
+        // Parked again however the drain ends (a panic there is an engine bug).
+        let mut parked = ParkAgain(Some(owner));
+        if let Some(owner) = parked.0.as_mut() {
+            owner.drain_inbox(&mut handoff);
+        }
+    }
+    // Messages only end timers: their tasks are dropped, none runs.
+    debug_assert!(handoff.expired.is_empty() && handoff.repeating.is_empty());
+    handoff::run_here(&mut handoff, shard);
+}
+
+/// Parks its owner again when dropped (see [`let_catch_up`]).
+struct ParkAgain(Option<ShardOwner>);
+
+impl Drop for ParkAgain {
+    fn drop(&mut self) {
+        let owner = self.0.take();
+        PARKED_OWNER.with(|parked| *parked.borrow_mut() = owner);
+    }
 }
 
 /// Runs and drops a turn's tasks with the owner parked in [`PARKED_OWNER`]. Returns the

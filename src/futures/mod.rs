@@ -16,6 +16,7 @@ use crate::engine::Engine;
 use crate::engine::lease::Lease;
 use crate::engine::shared::ShardShared;
 use crate::engine::stage::StagedAt;
+use crate::engine::worker;
 use crate::error::ScheduleError;
 use crate::periodic::MissedTickBehavior;
 use crate::task::Task;
@@ -79,7 +80,9 @@ impl TimerSlot {
     /// [`TimerHandle::reset_at`](crate::TimerHandle::reset_at).
     fn reset_at(self, engine: &Engine, deadline: Instant) -> bool {
         let shard = self.shard(engine);
-        shard.reset(self.index, self.generation, shard.clock.tick_at(deadline))
+        let tick = shard.clock.tick_at(deadline);
+        // One-shot: never waits for its shard.
+        shard.reset(self.index, self.generation, tick, worker::let_catch_up)
     }
 
     /// Counts a reset that moved only the sleep's deadline (see [`Sleep::reset`]), as the
