@@ -3,7 +3,7 @@
 //! (the shard's own thread running user code, or the thread that advances a manual clock), the
 //! reset applies them itself: before, it waited for ever, and the shard's other timers stopped.
 
-use shardwheel::{Clock, Executor, MissedTickBehavior, Timer, TimerHandle};
+use shardwheel::{Executor, MissedTickBehavior, Timer, TimerHandle};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::mpsc;
@@ -18,11 +18,22 @@ const RESETS: usize = 200_000;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// Waits for two messages: the resets done, and another timer of the same shard fired.
-fn both_arrive(receiver: &mpsc::Receiver<&'static str>) -> Vec<&'static str> {
-    (0..2)
+/// Schedules another timer of the shard, 20 ms from now, and waits for two messages: the
+/// resets done, and that timer fired.
+fn assert_the_shard_goes_on(
+    timer: &Timer,
+    sender: mpsc::Sender<&'static str>,
+    receiver: &mpsc::Receiver<&'static str>,
+) {
+    timer
+        .schedule(Duration::from_millis(20), move || {
+            let _ = sender.send("other timer");
+        })
+        .expect("schedule");
+    let got: Vec<_> = (0..2)
         .map_while(|_| receiver.recv_timeout(Duration::from_secs(20)).ok())
-        .collect()
+        .collect();
+    assert_eq!(got.len(), 2, "got {got:?}: the shard is stuck");
 }
 
 fn heartbeat(timer: &Timer) -> TimerHandle {
@@ -50,13 +61,7 @@ fn an_inline_task_resets_a_repeating_timer_of_its_shard_many_times() {
             let _ = done.send("resets done");
         })
         .expect("schedule");
-    timer
-        .schedule(Duration::from_millis(20), move || {
-            let _ = sender.send("other timer");
-        })
-        .expect("schedule");
-    let got = both_arrive(&receiver);
-    assert_eq!(got.len(), 2, "got {got:?}: the shard is stuck");
+    assert_the_shard_goes_on(&timer, sender, &receiver);
     // The shard counts the resets it applies at its turns.
     let counted = support::wait_until(Duration::from_secs(10), || {
         timer.stats().reset == RESETS as u64
@@ -103,24 +108,12 @@ fn a_waker_resets_a_repeating_timer_of_its_shard_many_times() {
             .poll(&mut Context::from_waker(&waker))
             .is_pending()
     );
-    timer
-        .schedule(Duration::from_millis(20), move || {
-            let _ = sender.send("other timer");
-        })
-        .expect("schedule");
-    let got = both_arrive(&receiver);
-    assert_eq!(got.len(), 2, "got {got:?}: the shard is stuck");
+    assert_the_shard_goes_on(&timer, sender, &receiver);
 }
 
 #[test]
 fn resets_of_a_repeating_timer_between_advances_of_a_manual_clock() {
-    let clock = Clock::manual();
-    let timer = Timer::builder()
-        .shards(1)
-        .executor(Executor::Inline)
-        .clock(clock.clone())
-        .build()
-        .expect("build");
+    let (clock, timer) = support::manual_timer(1, Duration::from_millis(1));
     let heartbeat = heartbeat(&timer);
     let (sender, receiver) = mpsc::channel();
     // On a thread of its own, so that a hang fails the test instead of hanging it.
