@@ -65,10 +65,9 @@ pub(crate) fn take_parked_owner(shard: &ShardShared) -> Option<ShardOwner> {
 /// reset of a repeating timer that found the most resets in flight: see
 /// [`ShardShared::reset`]). A manual clock's shards turn only when driven: they are driven
 /// here (an advance by zero, which runs the tasks due by then, as any advance would). The
-/// shard's own worker, running user code (an inline task, a
-/// waker, a task's drop), would wait for itself: it applies the inbox here, with the owner it
-/// parked, and drops what that lets go of once the owner is parked again. Any other thread
-/// wakes the shard and yields.
+/// shard's own worker, running user code (an inline task, a waker, a task's drop), would wait
+/// for itself: it applies the inbox here, with the owner it parked, and drops what that lets go
+/// of once the owner is parked again. Any other thread wakes the shard and yields.
 pub(crate) fn let_catch_up(shard: &ShardShared) {
     let clock = shard.clock.clock();
     if clock.is_manual() {
