@@ -6,9 +6,9 @@
 use super::executor::{Dispatch, drop_contained};
 use super::handoff::{self, Handoff, RepeatingRun, UnfiredTimer};
 use super::message::Message;
-use super::reclaim::{IdleReclaim, KEPT_ENTRIES};
+use super::reclaim::{CompactionPlan, IdleReclaim, KEPT_ENTRIES};
 use super::shared::ShardShared;
-use super::slot::{Adoption, FireOutcome, Freed, RunEnd, Slot, SlotTable};
+use super::slot::{Adoption, COMPACT_ABOVE, FireOutcome, Freed, RunEnd, Slot, SlotClass, SlotTable};
 use super::stage::{Meta, StageList};
 use crate::stats::LocalLateness;
 use crate::sync::Arc;
@@ -19,20 +19,30 @@ use crate::wheel::raw::{LinkStore, Links, RawWheel};
 /// submissions cannot delay expiry.
 pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
 
-/// The owner's records of its timers, indexed like the slot table, in two arrays: each
-/// timer's wheel links, and its task. Every wheel operation walks links, its neighbours' too,
-/// while only storing, firing and dropping a timer touch its task: kept apart, the links of
-/// four times as many timers share the cache.
+/// The owner's records of its timers, indexed like the slot table from `base` up, in two
+/// arrays: each timer's wheel links, and its task. Every wheel operation walks links, its
+/// neighbours' too, while only storing, firing and dropping a timer touch its task: kept apart,
+/// the links of four times as many timers share the cache. `base` is 0 but after a
+/// [compaction](ShardOwner::compact_if_sparse), which retired the slots below it.
 #[derive(Default)]
 struct Entries {
+    base: u32,
     links: Vec<Links>,
     tasks: Vec<Option<Task>>,
 }
 
 impl Entries {
-    /// Entries held, stored or vacant (the highest slot index seen, plus one).
-    fn len(&self) -> usize {
-        self.links.len()
+    /// No entries, for slots from `base` up.
+    fn from(base: u32) -> Entries {
+        Entries {
+            base,
+            ..Entries::default()
+        }
+    }
+
+    /// One past the highest slot the table has an entry for (stored or vacant).
+    fn end(&self) -> u64 {
+        self.base as u64 + self.links.len() as u64
     }
 
     /// Entries the table has room for.
@@ -40,22 +50,56 @@ impl Entries {
         self.links.capacity()
     }
 
-    /// Grows the table to `len` entries, the new ones vacant.
-    fn grow_to(&mut self, len: usize) {
-        self.links.resize(len, Links::UNLINKED);
-        self.tasks.resize_with(len, || None);
+    /// Where slot `index`'s entry is in the arrays, if the table has one.
+    #[inline]
+    fn position(&self, index: u32) -> Option<usize> {
+        let position = index.checked_sub(self.base)? as usize;
+        (position < self.links.len()).then_some(position)
+    }
+
+    /// Grows the table to hold slot `index`, the new entries vacant.
+    fn grow_to_hold(&mut self, index: u32) {
+        let len = (index - self.base) as usize + 1;
+        if len > self.links.len() {
+            self.links.resize(len, Links::UNLINKED);
+            self.tasks.resize_with(len, || None);
+        }
+    }
+
+    /// The task place of slot `index`, which the table must hold.
+    #[inline]
+    fn task(&mut self, index: u32) -> &mut Option<Task> {
+        &mut self.tasks[index.wrapping_sub(self.base) as usize]
+    }
+
+    /// The links of slot `index`, which the table must hold.
+    #[inline]
+    fn links(&self, index: u32) -> &Links {
+        &self.links[index.wrapping_sub(self.base) as usize]
+    }
+
+    /// The links of slot `index`, which the table must hold.
+    #[inline]
+    fn links_mut(&mut self, index: u32) -> &mut Links {
+        &mut self.links[index.wrapping_sub(self.base) as usize]
+    }
+
+    /// Every task place, with its slot.
+    fn tasks_mut(&mut self) -> impl Iterator<Item = (u32, &mut Option<Task>)> {
+        let base = self.base;
+        (base..).zip(self.tasks.iter_mut())
     }
 
     /// Whether entry `index` holds a task.
     fn has_task(&self, index: u32) -> bool {
-        self.tasks
-            .get(index as usize)
-            .is_some_and(|task| task.is_some())
+        self.position(index)
+            .is_some_and(|position| self.tasks[position].is_some())
     }
 
     /// Whether entry `index` is stored in the wheel.
     fn is_linked(&self, index: u32) -> bool {
-        self.links.get(index as usize).is_some_and(Links::is_linked)
+        self.position(index)
+            .is_some_and(|position| self.links[position].is_linked())
     }
 
     /// Whether entry `index` holds nothing: no task, no place in the wheel.
@@ -80,18 +124,17 @@ impl<'a> Store<'a> {
 impl LinkStore for Store<'_> {
     #[inline]
     fn prefetch(&self, index: u32) {
-        let index = index as usize;
-        if index < self.entries.len() {
-            crate::prefetch::for_read::<Links>(&self.entries.links[index]);
-            crate::prefetch::for_read::<Option<Task>>(&self.entries.tasks[index]);
-            crate::prefetch::for_read::<Slot>(self.slots.slot(index as u32));
+        if let Some(position) = self.entries.position(index) {
+            crate::prefetch::for_read::<Links>(&self.entries.links[position]);
+            crate::prefetch::for_read::<Option<Task>>(&self.entries.tasks[position]);
+            crate::prefetch::for_read::<Slot>(self.slots.slot(index));
         }
     }
     fn links(&self, index: u32) -> &Links {
-        &self.entries.links[index as usize]
+        self.entries.links(index)
     }
     fn links_mut(&mut self, index: u32) -> &mut Links {
-        &mut self.entries.links[index as usize]
+        self.entries.links_mut(index)
     }
     fn deadline(&self, index: u32) -> u64 {
         self.slots.deadline(index)
@@ -129,6 +172,8 @@ pub(crate) struct ShardOwner {
     live: usize,
     /// When to give idle memory back.
     reclaim: IdleReclaim,
+    /// When to compact the tables of a shard that holds few timers in many slots.
+    compaction: CompactionPlan,
     /// The shard's stages, as far as the owner has seen them register.
     stages: StageList,
     /// Slots the drain's cancels freed, pushed onto the free list at its end (empty between
@@ -147,6 +192,7 @@ impl ShardOwner {
             entries: Entries::default(),
             live: 0,
             reclaim: IdleReclaim::new(),
+            compaction: CompactionPlan::default(),
             stages: StageList::default(),
             freed: Freed::default(),
             fired: 0,
@@ -207,12 +253,12 @@ impl ShardOwner {
     /// Stores a timer just adopted from a stage (see [`stage`](super::stage)).
     fn adopt(&mut self, meta: Meta, task: Task) {
         let index = meta.index;
-        let slot = self.ensure_entry(index);
+        self.ensure_entry(index);
         debug_assert!(
             self.entries.is_vacant(index),
             "slot {index} adopted while occupied"
         );
-        self.entries.tasks[slot] = Some(task);
+        *self.entries.task(index) = Some(task);
         self.live += 1;
         // Read after the adoption: a handle may have moved it since the cell was written
         // (earlier: its `Relocate` finds the entry linked, or was applied before and ignored;
@@ -229,17 +275,18 @@ impl ShardOwner {
                 deadline,
                 task,
             } => {
-                let slot = self.ensure_entry(index);
+                self.ensure_entry(index);
                 debug_assert!(
                     self.entries.is_vacant(index),
                     "slot {index} scheduled while occupied"
                 );
-                self.entries.tasks[slot] = Some(task);
+                *self.entries.task(index) = Some(task);
                 self.live += 1;
                 let mut store = Store::new(&mut self.entries, &self.shared.slots);
                 self.wheel.insert(&mut store, index, deadline);
             }
             Message::Cancel { index, generation } => {
+                let index = self.current(index);
                 // Checked against the slot as it is now: a repeating timer cancelled during a
                 // run may have been ended by its `Rearm` already, and the entry table given
                 // back since (see "Who counts a timer's end" in `engine/slot/mod.rs`).
@@ -253,7 +300,7 @@ impl ShardOwner {
                 }
                 let mut store = Store::new(&mut self.entries, &self.shared.slots);
                 self.wheel.remove(&mut store, index);
-                if let Some(task) = self.entries.tasks[index as usize].take() {
+                if let Some(task) = self.entries.task(index).take() {
                     self.live -= 1;
                     handoff.discard(task);
                     self.shared.slots.let_go_into(index, &mut self.freed);
@@ -262,6 +309,7 @@ impl ShardOwner {
             Message::Relocate {
                 index, generation, ..
             } => {
+                let index = self.current(index);
                 let slots = &self.shared.slots;
                 if self.entries.is_linked(index) && slots.is_pending(index, generation) {
                     let deadline = slots.deadline(index);
@@ -275,17 +323,18 @@ impl ShardOwner {
                 generation,
                 deadline,
             } => {
+                let index = self.current(index);
                 if self.shared.slots.reset_applied(index, generation) == Some(true) {
                     self.reset += 1;
                     self.shared.slots.set_deadline(index, deadline);
                     // Pending and held by the shard: its entry exists (`live` counts it).
-                    let slot = self.ensure_entry(index);
-                    if let Some(task) = &mut self.entries.tasks[slot] {
+                    self.ensure_entry(index);
+                    if let Some(task) = self.entries.task(index) {
                         task.reanchor(self.shared.clock.nanos_of_tick(deadline));
                     }
-                    if self.entries.tasks[slot].is_none() {
+                    if self.entries.task(index).is_none() {
                         // A repeating timer out running: re-armed at this deadline instead.
-                        self.entries.links[slot].set_deferred();
+                        self.entries.links_mut(index).set_deferred();
                     } else {
                         let mut store = Store::new(&mut self.entries, &self.shared.slots);
                         self.wheel.remove(&mut store, index);
@@ -298,6 +347,7 @@ impl ShardOwner {
                 deadline,
                 mut task,
             } => {
+                let index = self.current(index);
                 // The slot decides, in one transition, whether the run ends and who counts
                 // the end (see "Who counts a timer's end" in `engine/slot/mod.rs`).
                 let end = self.shared.slots.finish_run(index, task.is_some());
@@ -307,8 +357,8 @@ impl ShardOwner {
                     }
                     return;
                 }
-                let slot = self.ensure_entry(index);
-                let deferred = self.entries.links[slot].take_deferred();
+                self.ensure_entry(index);
+                let deferred = self.entries.links_mut(index).take_deferred();
                 match end {
                     RunEnd::Again => {
                         let deadline = if deferred {
@@ -320,7 +370,7 @@ impl ShardOwner {
                         } else {
                             deadline
                         };
-                        self.entries.tasks[slot] = task;
+                        *self.entries.task(index) = task;
                         self.shared.slots.set_deadline(index, deadline);
                         let mut store = Store::new(&mut self.entries, &self.shared.slots);
                         self.wheel.insert(&mut store, index, deadline);
@@ -344,14 +394,23 @@ impl ShardOwner {
     }
 
     /// Grows the entry table to hold slot `index` (it may have been given back while the
-    /// shard was idle); returns the index into it.
-    fn ensure_entry(&mut self, index: u32) -> usize {
-        let slot = index as usize;
-        if slot >= self.entries.len() {
-            self.entries.grow_to(slot + 1);
-            self.reclaim.saw_entries(slot as u64 + 1);
+    /// shard was idle).
+    fn ensure_entry(&mut self, index: u32) {
+        if self.entries.position(index).is_none() {
+            self.entries.grow_to_hold(index);
+            self.reclaim.saw_entries(index as u64 + 1);
         }
-        slot
+    }
+
+    /// The slot that holds the timer a message names as slot `index` (see
+    /// [`SlotTable::current`]): the same unless a compaction retired it.
+    #[inline]
+    fn current(&self, index: u32) -> u32 {
+        if index < self.entries.base {
+            self.shared.slots.current(index)
+        } else {
+            index
+        }
     }
 
     /// Advances the wheel to `now_tick` and collects the tasks of timers that fired. Every
@@ -372,7 +431,7 @@ impl ShardOwner {
         let mut store = Store::new(&mut self.entries, &shared.slots);
         self.wheel
             .expire_to(&mut store, now_tick, |store, index, due| {
-                let task = &mut store.entries.tasks[index as usize];
+                let task = store.entries.task(index);
                 let repeating = task.as_ref().is_some_and(Task::is_repeating);
                 match shared.slots.fire(index, due, repeating) {
                     FireOutcome::Fire { free } => {
@@ -434,18 +493,104 @@ impl ShardOwner {
             &shared.clock,
             entries_held.then_some(|| {
                 debug_assert!(wheel.len() == 0, "wheel holds entries while none is live");
-                *entries = Entries::default();
+                *entries = Entries::from(shared.slots.retired_below());
                 wheel.reclaim_memory();
             }),
             || stages.flush_spares(&shared.stages, &shared.slots),
         );
+        if self.entries.base != 0 && shared.slots.retired_below() == 0 {
+            // The slot table was reclaimed, its retirement with it: slots start from 0 again.
+            debug_assert!(self.live == 0, "slot table reclaimed while timers are held");
+            self.entries = Entries::default();
+        }
+    }
+
+    /// Compacts the slot table and the entry table when the shard holds few timers in many
+    /// slots, so that their memory follows the timers held (see `slot::compact` for the
+    /// protocol; [`CompactionPlan`] says when). Moves every timer below the slots handed out
+    /// to fresh slots above them, in a new entry table, and stores them in the wheel again.
+    /// Runs no user code. True iff it compacted.
+    pub(crate) fn compact_if_sparse(&mut self, now_tick: u64) -> bool {
+        let (base, end) = (self.entries.base, self.entries.end());
+        if !self.compaction.due(now_tick, self.live, base, end) {
+            if base != 0 || self.live as u64 * 8 > end {
+                self.compaction.succeeded();
+            }
+            return false;
+        }
+        let shared = self.shared.clone();
+        let slots = &shared.slots;
+        // Spare slots are FREE off the list: flushed, and none kept during the survey.
+        slots.refuse_spares();
+        self.stages.flush_spares(&shared.stages, slots);
+        let retired = self.plan_compaction(slots);
+        slots.allow_spares();
+        let Some((base, moved)) = retired else {
+            self.compaction.failed(now_tick, &shared.clock);
+            return false;
+        };
+        self.compaction.succeeded();
+        let mut old = std::mem::replace(&mut self.entries, Entries::from(base));
+        let linked: Vec<bool> = moved.iter().map(|&index| old.is_linked(index)).collect();
+        self.wheel.drain(&mut Store::new(&mut old, slots), |_, _| {});
+        if let Some(last) = (moved.len() as u32).checked_sub(1) {
+            self.entries.grow_to_hold(base + last);
+        }
+        for (rank, (&index, linked)) in moved.iter().zip(linked).enumerate() {
+            let new = base + rank as u32;
+            let moved_whole = slots.move_slot(index, new);
+            let Some(position) = old.position(index) else {
+                continue; // Ended: no entry.
+            };
+            debug_assert!(moved_whole, "a held slot {index} was freed during its move");
+            *self.entries.task(new) = old.tasks[position].take();
+            if old.links[position].take_deferred() {
+                self.entries.links_mut(new).set_deferred();
+            }
+            if linked {
+                let deadline = slots.deadline(new);
+                let mut store = Store::new(&mut self.entries, slots);
+                self.wheel.insert(&mut store, new, deadline);
+            }
+        }
+        debug_assert!(
+            old.tasks.iter().all(Option::is_none),
+            "a compaction left a task behind"
+        );
+        drop(old);
+        slots.forget_retired();
+        true
+    }
+
+    /// Steps 1 to 3 of a compaction (see `slot::compact`): the slots below the count handed
+    /// out, all retired, and the first fresh slot the moved ones (ascending) go to; `None` if
+    /// something could not be moved now.
+    fn plan_compaction(&self, slots: &SlotTable) -> Option<(u32, Vec<u32>)> {
+        let survey = slots.survey(COMPACT_ABOVE)?;
+        let mut newest = 0;
+        let mut free = 0;
+        let mut moved = Vec::with_capacity(self.live);
+        for index in 0..survey.below() {
+            match slots.classify(index, &mut newest) {
+                SlotClass::Free => free += 1,
+                SlotClass::Held if self.entries.has_task(index) => moved.push(index),
+                SlotClass::Running | SlotClass::Ended => moved.push(index),
+                SlotClass::Held | SlotClass::Unmovable => return None,
+            }
+        }
+        if free != survey.on_list() {
+            return None;
+        }
+        let base = slots.retire(&survey, &moved, newest)?;
+        Some((base, moved))
     }
 
     /// The tick of the shard's next work: the wheel's, or giving idle memory back.
     pub(crate) fn next_work(&self) -> Option<u64> {
+        let memory = self.reclaim.at().min(self.compaction.at());
         match self.wheel.next_work() {
-            Some(tick) => Some(tick.min(self.reclaim.at())),
-            None => (self.reclaim.at() != u64::MAX).then_some(self.reclaim.at()),
+            Some(tick) => Some(tick.min(memory)),
+            None => (memory != u64::MAX).then_some(memory),
         }
     }
 
@@ -504,6 +649,7 @@ impl ShardOwner {
         owner.cascade_ahead();
         let now = clock.now_tick();
         owner.reclaim_idle_memory(now);
+        owner.compact_if_sparse(now);
         Some(Turn { drained, ran, now })
     }
 
@@ -515,11 +661,10 @@ impl ShardOwner {
     #[cfg_attr(shardwheel_loom, allow(dead_code))] // Under loom the worker lets a panic through.
     pub(crate) fn wake_sleeps_after_failure(&mut self, handoff: &mut Handoff) {
         let shared = self.shared.clone();
-        for (index, task) in self.entries.tasks.iter_mut().enumerate() {
+        for (index, task) in self.entries.tasks_mut() {
             if !task.as_ref().is_some_and(Task::runs_inline) {
                 continue;
             }
-            let index = index as u32;
             if shared.slots.cancel_for_shutdown(index) {
                 shared.count_cancelled(1);
                 handoff.inline.extend(task.take());
@@ -557,11 +702,11 @@ impl ShardOwner {
         let shared = self.shared.clone();
         let mut unfired = Vec::new();
         let entries = &mut self.entries;
-        for (index, task) in entries.tasks.iter_mut().enumerate() {
-            let Some(task) = task.take() else {
+        for position in 0..entries.tasks.len() {
+            let Some(task) = entries.tasks[position].take() else {
                 continue;
             };
-            let index = index as u32;
+            let index = entries.base + position as u32;
             let deadline = shared.slots.deadline(index);
             if shared.slots.cancel_for_shutdown(index) {
                 shared.count_cancelled(1);
@@ -576,7 +721,7 @@ impl ShardOwner {
             } else {
                 handoff.discard(task);
             }
-            entries.links[index as usize] = Links::UNLINKED;
+            entries.links[position] = Links::UNLINKED;
             shared.slots.let_go(index);
         }
         self.wheel = RawWheel::new(1);
@@ -604,6 +749,7 @@ mod tests {
     use crate::clock::Clock;
     use crate::clock::TickClock;
     use crate::engine::handle::TimerHandle;
+    use crate::TimerState;
     use crate::engine::slot::{RECLAIM_ABOVE, Reclaim};
     use std::time::Duration;
 
@@ -706,5 +852,101 @@ mod tests {
         drop(held);
         owner.reclaim_idle_memory(0);
         assert_eq!(owner.next_work(), None);
+    }
+
+    /// Expires the shard to `tick` and runs what fired (inline tasks only).
+    fn expire_and_run(owner: &mut ShardOwner, tick: u64) {
+        let mut handoff = Handoff::default();
+        while owner.drain_inbox(&mut handoff) + owner.drain_stages(&mut handoff, true) > 0 {}
+        owner.expire(tick, &mut handoff, usize::MAX, |_| unreachable!());
+        let shared = owner.shared.clone();
+        handoff::run_here(&mut handoff, &shared);
+    }
+
+    #[test]
+    fn a_sparse_shard_compacts_and_every_timer_and_handle_goes_on() {
+        use std::sync::atomic::AtomicU64 as Counter;
+        use std::sync::atomic::Ordering::Relaxed;
+        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
+        let shared = Arc::new(ShardShared::new(clock, None));
+        let mut owner = ShardOwner::new(shared.clone(), 6);
+        let count = COMPACT_ABOVE as usize + 5000;
+        // Timer i is due at 1000 + i % 500; each records the tick it ran at (+1).
+        let now = Arc::new(Counter::new(0));
+        let ran: Arc<Vec<Counter>> = Arc::new((0..count).map(|_| Counter::new(0)).collect());
+        let deadline = |i: usize| 1000 + (i % 500) as u64;
+        let mut handles: Vec<Option<TimerHandle>> = (0..count)
+            .map(|i| {
+                let (now, ran) = (now.clone(), ran.clone());
+                let task = Task::new_inline(move || {
+                    assert_eq!(ran[i].swap(now.load(Relaxed) + 1, Relaxed), 0, "ran twice");
+                });
+                Some(TimerHandle::submit(&shared, deadline(i), task).unwrap())
+            })
+            .collect();
+        expire_and_run(&mut owner, 0);
+        // Keep one in ten (and, fired already, timer 3 with its handle); cancel and drop the rest.
+        let kept = |i: usize| i % 10 == 0;
+        for (i, handle) in handles.iter_mut().enumerate() {
+            if !kept(i) && i != 3 {
+                assert!(handle.take().unwrap().cancel());
+            }
+        }
+        handles[3].as_ref().unwrap().reset_to_tick(5);
+        now.store(5, Relaxed);
+        expire_and_run(&mut owner, 5);
+        assert_eq!(ran[3].load(Relaxed), 6);
+        assert!(owner.compact_if_sparse(5), "the shard compacts");
+        let retired = shared.slots.retired_below();
+        assert!(retired as usize >= count, "retired below {retired}");
+        assert_eq!(owner.entries.base, retired);
+        assert_eq!(owner.live, count.div_ceil(10));
+        // The handles follow their timers: state, cancel, reset (later and earlier), clone.
+        assert_eq!(handles[3].as_ref().unwrap().state(), TimerState::Expired);
+        let clones: Vec<TimerHandle> = (0..count)
+            .step_by(70)
+            .map(|i| handles[i].clone().unwrap())
+            .collect();
+        for (i, handle) in handles.iter().enumerate() {
+            let Some(handle) = handle else { continue };
+            if i == 3 {
+                continue;
+            }
+            assert_eq!(handle.state(), TimerState::Pending, "timer {i}");
+            match i % 40 {
+                0 => assert!(handle.cancel()),
+                10 => assert!(handle.reset_to_tick(3000)),
+                20 => assert!(handle.reset_to_tick(800)),
+                _ => {}
+            }
+        }
+        drop(clones);
+        let due = |i: usize| match i % 40 {
+            10 => 3000,
+            20 => 800,
+            _ => deadline(i),
+        };
+        for tick in [799, 800, 1200, 1499, 2999, 3000] {
+            now.store(tick, Relaxed);
+            expire_and_run(&mut owner, tick);
+            for i in (0..count).filter(|&i| kept(i) && i % 40 != 0) {
+                let at = ran[i].load(Relaxed);
+                if due(i) <= tick {
+                    assert!(at > due(i), "timer {i} due at {} not run by {tick}", due(i));
+                } else {
+                    assert_eq!(at, 0, "timer {i} due at {} ran early, by {tick}", due(i));
+                }
+            }
+        }
+        assert_eq!(owner.live, 0);
+        for i in (0..count).filter(|&i| i % 40 == 0) {
+            assert_eq!(ran[i].load(Relaxed), 0, "cancelled timer {i} ran");
+        }
+        // Every handle gone: the slot table is reclaimed whole, its retirement with it.
+        drop(handles);
+        let (_, _) = run_housekeeping(&mut owner, 3000);
+        assert_eq!(shared.slots.retired_below(), 0);
+        assert_eq!(owner.entries.base, 0);
+        assert_eq!(shared.slots.allocate().map(|(index, _)| index), Some(0));
     }
 }

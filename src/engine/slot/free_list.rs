@@ -1,9 +1,13 @@
 //! The slot table's free list: a lock-free, tagged Treiber stack threaded through the FREE
 //! slots' state words (each FREE word holds the next free slot + 1, see [`word`](super::word)).
 //!
-//! The head (`SlotTable::free_head`) is `tag << 32 | (index + 1)`, 0 in the low half when
-//! empty. The tag changes on every push and pop, so a stale compare-and-swap fails (no ABA);
-//! the [reclaim](super::reclaim) relies on it too.
+//! The head (`SlotTable::free_head`) is `RETIRED | tag << 32 | (index + 1)`, 0 in the low
+//! half when empty. The tag (31 bits) changes on every push and pop, so a stale
+//! compare-and-swap fails (no ABA); the [reclaim](super::reclaim) and the
+//! [compaction](super::compact) rely on it too. `RETIRED` (bit 63) is set by a compaction and
+//! kept by every push and pop until the next reclaim: a free of a retired slot that finds it
+//! gives the slot up instead of pushing it (only the last handle of an ended timer, freed
+//! between the compaction's commit and its move, can make one).
 //!
 //! The shard frees the slots of the timers its messages cancel into a [`Freed`] chain first,
 //! threaded through their FREE words like the list itself and pushed in one exchange at the
@@ -16,6 +20,18 @@ use super::SlotTable;
 use super::word::{FREE, GENERATION_MASK, GENERATION_SHIFT, NEXT_FREE_MASK, NEXT_FREE_SHIFT};
 use super::word::{generation_of, is_unreferenced, lifecycle_of};
 use crate::sync::Ordering;
+
+/// The free list's head is marked: a compaction retired the slots below
+/// `Retirement::below` (see the [module documentation](self)).
+pub(super) const RETIRED: u64 = 1 << 63;
+/// The tag's bits in the head, once shifted down by 32.
+const TAG_MASK: u64 = (1 << 31) - 1;
+
+/// The head after one push or pop of `head`: the tag bumped, `RETIRED` kept, `link` (a slot
+/// + 1, or 0) on top.
+pub(super) fn next_head(head: u64, link: u32) -> u64 {
+    head & RETIRED | ((head >> 32).wrapping_add(1) & TAG_MASK) << 32 | link as u64
+}
 
 /// Slots freed by their shard and not yet pushed onto the free list (see the
 /// [module documentation](self)); only the shard's owner holds one.
@@ -39,10 +55,9 @@ impl SlotTable {
             // the exchange below fails.
             let word = self.word(index).load(Ordering::Acquire);
             let next = ((word & NEXT_FREE_MASK) >> NEXT_FREE_SHIFT) as u32;
-            let tag = (head >> 32).wrapping_add(1);
             match self.free_head.compare_exchange_weak(
                 head,
-                tag << 32 | next as u64,
+                next_head(head, next),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
@@ -108,15 +123,21 @@ impl SlotTable {
         let last_word = last.load(Ordering::Relaxed);
         let mut head = self.free_head.load(Ordering::Acquire);
         loop {
+            // Acquire (above, or the failed exchange's): with `RETIRED`, the compaction's bound.
+            if head & RETIRED != 0 && freed.last < self.retirement.below() {
+                debug_assert_eq!(freed.first, freed.last + 1, "a chain of retired slots");
+                *freed = Freed::default();
+                self.retirement.count_drop();
+                return;
+            }
             let next = (head as u32) as u64;
             last.store(
                 last_word & !NEXT_FREE_MASK | next << NEXT_FREE_SHIFT,
                 Ordering::Relaxed,
             );
-            let tag = (head >> 32).wrapping_add(1);
             match self.free_head.compare_exchange_weak(
                 head,
-                tag << 32 | freed.first as u64,
+                next_head(head, freed.first),
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {

@@ -131,16 +131,19 @@
 //! [`cancel_for_shutdown`]: SlotTable::cancel_for_shutdown
 //! [`cancel_awaits_let_go`]: SlotTable::cancel_awaits_let_go
 
+mod compact;
 mod free_list;
 #[cfg(shardwheel_loom)]
 mod hook;
 mod pages;
 mod reclaim;
+mod retired;
 mod spares;
 #[cfg(test)]
 mod tests;
 mod word;
 
+pub(crate) use compact::{COMPACT_ABOVE, SlotClass};
 pub(crate) use free_list::Freed;
 #[cfg(shardwheel_loom)]
 pub use hook::SlotTableHook;
@@ -151,6 +154,7 @@ pub(crate) use spares::Spares;
 use crate::sync::{AtomicBool, AtomicU64, Ordering, thread};
 use crossbeam_utils::CachePadded;
 use pages::{PAGES, Pages, locate};
+use retired::Retirement;
 use word::*;
 
 /// The most slots a table hands out (indices must also fit the wheel's `u32` links).
@@ -266,6 +270,8 @@ pub(crate) struct SlotTable {
     /// Producers are to keep no [spares] (read at each spare taken or given, written
     /// by the shard around its reclaims).
     flushing: CachePadded<AtomicBool>,
+    /// The slots a [compaction](compact) retired, and where their timers went.
+    retirement: Retirement,
 }
 
 impl std::fmt::Debug for SlotTable {
@@ -289,12 +295,40 @@ impl SlotTable {
                 generation: AtomicU64::new(0),
             }),
             flushing: CachePadded::new(AtomicBool::new(false)),
+            retirement: Retirement::default(),
         }
     }
 
     /// The state word of a slot that has been handed out (its page exists).
     fn word(&self, index: u32) -> &AtomicU64 {
         &self.slot(index).state
+    }
+
+    /// The word of the slot that holds the timer slot `*index` held, which becomes `*index`:
+    /// the slot itself unless a [compaction](compact) moved its timer (then its own word reads
+    /// 0). For handles and messages, which keep naming the old slot.
+    #[inline]
+    fn load_following(&self, index: &mut u32) -> u64 {
+        let mut word = self.word(*index).load(Ordering::Acquire);
+        while word == 0
+            && let Some(moved) = self.moved_to(*index)
+        {
+            *index = moved;
+            word = self.word(moved).load(Ordering::Acquire);
+        }
+        word
+    }
+
+    /// After a failed compare-and-swap read `word` in slot `*index`: if it is 0 and the slot's
+    /// timer was moved, the word of its new slot, which becomes `*index` (see
+    /// [`load_following`](Self::load_following)).
+    #[inline]
+    fn follow(&self, index: &mut u32, word: u64) -> u64 {
+        if word == 0 {
+            self.load_following(index)
+        } else {
+            word
+        }
     }
 
     /// A slot that has been handed out (its page exists).
@@ -478,13 +512,26 @@ impl SlotTable {
 
     /// Moves a one-shot timer's deadline in place (see the module documentation).
     pub(crate) fn reset_lazy(&self, index: u32, generation: u32, deadline: u64) -> LazyReset {
-        let slot = self.slot(index);
-        let word = slot.state.load(Ordering::Acquire);
+        let mut index = index;
+        loop {
+            if let Some(reset) = self.reset_lazy_at(&mut index, generation, deadline) {
+                return reset;
+            }
+        }
+    }
+
+    /// [`reset_lazy`](Self::reset_lazy) at slot `*index`; `None` if a compaction moved the
+    /// timer meanwhile (the deadline it copied may not be ours): then `*index` is its new
+    /// slot, to reset again.
+    #[inline]
+    fn reset_lazy_at(&self, index: &mut u32, generation: u32, deadline: u64) -> Option<LazyReset> {
+        let word = self.load_following(index);
+        let slot = self.slot(*index);
         if generation_of(word) != generation || lifecycle_of(word) != PENDING {
-            return LazyReset::NotPending;
+            return Some(LazyReset::NotPending);
         }
         if word & REPEATING != 0 {
-            return LazyReset::Repeating;
+            return Some(LazyReset::Repeating);
         }
         // The reset's one locked instruction. The swap makes concurrent resets of one timer
         // follow each other, so whoever moves the deadline earlier knows it (and tells the shard).
@@ -496,11 +543,15 @@ impl SlotTable {
         reset_hook::after_reset_swap();
         let mut word = slot.state.load(Ordering::Acquire);
         while word & DEADLINE_LOCK != 0 {
-            // The shard is deciding on a deadline it read (a few instructions): wait for it.
+            // The shard is deciding on a deadline it read, or moving the timer (a few
+            // instructions): wait for it.
             thread::yield_now();
             word = slot.state.load(Ordering::Acquire);
         }
-        match lifecycle_of(word) {
+        if word == 0 && self.moved_to(*index).is_some() {
+            return None;
+        }
+        Some(match lifecycle_of(word) {
             PENDING => LazyReset::Done {
                 earlier: deadline < old,
             },
@@ -511,7 +562,7 @@ impl SlotTable {
             FIRED if deadline < old => LazyReset::Done { earlier: false },
             // Fired at a deadline no later than ours, or cancelled.
             _ => LazyReset::NotPending,
-        }
+        })
     }
 
     /// Applies `change` to the word of an occupied slot of generation `generation` until it
@@ -522,8 +573,8 @@ impl SlotTable {
         generation: u32,
         mut change: impl FnMut(u64) -> Option<u64>,
     ) -> Result<(u64, u64), u64> {
-        let slot = self.word(index);
-        let mut word = slot.load(Ordering::Acquire);
+        let mut index = index;
+        let mut word = self.load_following(&mut index);
         loop {
             if generation_of(word) != generation || lifecycle_of(word) == FREE {
                 return Err(word);
@@ -531,16 +582,21 @@ impl SlotTable {
             let Some(new) = change(word) else {
                 return Err(word);
             };
-            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+            match self.word(index).compare_exchange_weak(
+                word,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => return Ok((word, new)),
-                Err(actual) => word = actual,
+                Err(actual) => word = self.follow(&mut index, actual),
             }
         }
     }
 
     /// The timer's state as handle `(index, generation)` sees it.
     pub(crate) fn state(&self, index: u32, generation: u32) -> TimerState {
-        let word = self.word(index).load(Ordering::Acquire);
+        let word = self.load_following(&mut { index });
         debug_assert_eq!(
             generation_of(word),
             generation,
@@ -556,7 +612,7 @@ impl SlotTable {
     /// Whether the timer of generation `generation` in slot `index` is still pending (false
     /// once the slot was reused).
     pub(crate) fn is_pending(&self, index: u32, generation: u32) -> bool {
-        let word = self.word(index).load(Ordering::Acquire);
+        let word = self.load_following(&mut { index });
         generation_of(word) == generation && lifecycle_of(word) == PENDING
     }
 
@@ -587,8 +643,8 @@ impl SlotTable {
     /// be freed and reused, so what follows the cancel (its message) must not touch the slot,
     /// and is validated by generation when applied.
     pub(crate) fn cancel_and_release(&self, index: u32, generation: u32) -> Option<bool> {
-        let slot = self.word(index);
-        let mut word = slot.load(Ordering::Acquire);
+        let mut index = index;
+        let mut word = self.load_following(&mut index);
         loop {
             debug_assert_eq!(
                 generation_of(word),
@@ -611,14 +667,19 @@ impl SlotTable {
             if new == word {
                 return None;
             }
-            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+            match self.word(index).compare_exchange_weak(
+                word,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => {
                     if is_unreferenced(new) {
                         self.free(index, new);
                     }
                     return pending.then_some(word & STAGED != 0);
                 }
-                Err(actual) => word = actual,
+                Err(actual) => word = self.follow(&mut index, actual),
             }
         }
     }
@@ -807,8 +868,8 @@ impl SlotTable {
     /// A repeating timer's run ended after its shard shut down: it counts as cancelled by the
     /// shutdown, and nothing holds it for the shard any more. True iff this call cancelled it.
     pub(crate) fn end_run_after_shutdown(&self, index: u32) -> bool {
-        let slot = self.word(index);
-        let mut word = slot.load(Ordering::Acquire);
+        let mut index = index;
+        let mut word = self.load_following(&mut index);
         loop {
             if word & (RUNNING | SHARD) != RUNNING | SHARD {
                 debug_assert!(false, "slot {index} ended a run it was not in: {word:#x}");
@@ -820,14 +881,19 @@ impl SlotTable {
                 } else {
                     lifecycle_of(word)
                 };
-            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
+            match self.word(index).compare_exchange_weak(
+                word,
+                new,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => {
                     if is_unreferenced(new) {
                         self.free(index, new);
                     }
                     return lifecycle_of(word) == PENDING;
                 }
-                Err(actual) => word = actual,
+                Err(actual) => word = self.follow(&mut index, actual),
             }
         }
     }
@@ -876,25 +942,25 @@ impl SlotTable {
     /// Another handle to the same timer. The count sticks at its maximum (the slot is then
     /// never freed: a leak of 16 bytes rather than a wrapped count).
     pub(crate) fn clone_handle(&self, index: u32) {
-        let word = self.word(index);
-        let mut current = word.load(Ordering::Relaxed);
+        let mut index = index;
+        let mut current = self.load_following(&mut index);
         while current & HANDLE_MASK != HANDLE_MASK {
-            match word.compare_exchange_weak(
+            match self.word(index).compare_exchange_weak(
                 current,
                 current + HANDLE_ONE,
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
                 Ok(_) => return,
-                Err(actual) => current = actual,
+                Err(actual) => current = self.follow(&mut index, actual),
             }
         }
     }
 
     /// A handle went away; frees the slot if nothing else refers to it.
     pub(crate) fn drop_handle(&self, index: u32) {
-        let word = self.word(index);
-        let mut current = word.load(Ordering::Relaxed);
+        let mut index = index;
+        let mut current = self.load_following(&mut index);
         loop {
             debug_assert!(
                 handles_of(current) > 0,
@@ -903,14 +969,14 @@ impl SlotTable {
             if current & HANDLE_MASK == HANDLE_MASK {
                 return; // Sticky: see `clone_handle`.
             }
-            match word.compare_exchange_weak(
+            match self.word(index).compare_exchange_weak(
                 current,
                 current - HANDLE_ONE,
                 Ordering::AcqRel,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
                 Ok(_) => break,
-                Err(actual) => current = actual,
+                Err(actual) => current = self.follow(&mut index, actual),
             }
         }
         let new = current - HANDLE_ONE;

@@ -48,6 +48,7 @@
 //! keeps the memory. Generations wrap at 2^30, as before.
 
 use super::SlotTable;
+use super::free_list::{RETIRED, next_head};
 use super::pages::{PAGES, Slot, page_len, page_start};
 use super::word::{FREE, GENERATION_MASK, NEXT_FREE_MASK, NEXT_FREE_SHIFT};
 use super::word::{generation_of, lifecycle_of};
@@ -107,10 +108,20 @@ impl SlotTable {
         }
         let head = self.free_head.load(Ordering::Acquire);
         // 2. Every slot handed out must be on the list: not in use, not between allocation
-        // and `begin`, not being freed.
-        let Some(newest) = self.walk_free_list(head, handed_out) else {
+        // and `begin`, not being freed. After a compaction, every slot handed out above the
+        // retired ones, less those it reserved and left unused, and no free of a retired slot
+        // still under way.
+        let retired = self.retirement.below() as u64 + self.retirement.unused();
+        if !self.retirement.drops_settled() {
+            return Reclaim::Busy { head };
+        }
+        let Some((listed, newest)) = self.walk_free_list(head, handed_out) else {
             return Reclaim::Busy { head };
         };
+        if listed + retired != handed_out {
+            return Reclaim::Busy { head };
+        }
+        let newest = newest.max(self.retirement.newest_offset());
         // 3. Seal the fresh counter: fails if a fresh allocation came since step 1.
         if self
             .fresh
@@ -127,7 +138,7 @@ impl SlotTable {
         }
         // 4. Empty the list, bumping its tag: fails if anything was pushed or popped since step
         // 1 (every push and pop changes the tag); a popper that read `head` fails too.
-        let emptied = (head >> 32).wrapping_add(1) << 32;
+        let emptied = next_head(head, 0) & !RETIRED;
         if self
             .free_head
             .compare_exchange(head, emptied, Ordering::AcqRel, Ordering::Relaxed)
@@ -142,6 +153,8 @@ impl SlotTable {
         }
         // 5. Commit. Fresh slots now start above every generation seen, so a stale message
         // (`Relocate`, `Reset`) carrying an old (index, generation) never matches a new timer.
+        // A compaction's retirement ends: no handle is left to follow its map.
+        self.retirement.withdraw();
         let base = self.fresh.generation.load(Ordering::Relaxed) as u32;
         let generation = base.wrapping_add(newest).wrapping_add(1) & GENERATION_MASK;
         self.fresh
@@ -172,10 +185,11 @@ impl SlotTable {
         Reclaim::Reclaimed
     }
 
-    /// Walks the free list from `head`. Returns the largest generation on it (as an offset from
-    /// the fresh generation, so that a wrapped one still counts as newer) if it holds exactly
-    /// the `handed_out` slots, `None` otherwise (including when the list changes under us).
-    fn walk_free_list(&self, head: u64, handed_out: u64) -> Option<u32> {
+    /// Walks the free list from `head`, which may hold at most the `handed_out` slots. Returns
+    /// how many it holds and the largest generation on it (as an offset from the fresh
+    /// generation, so that a wrapped one still counts as newer); `None` if the list changed
+    /// under us.
+    pub(super) fn walk_free_list(&self, head: u64, handed_out: u64) -> Option<(u64, u32)> {
         let base = self.fresh.generation.load(Ordering::Relaxed) as u32;
         let mut newest = 0;
         let mut count = 0u64;
@@ -195,7 +209,7 @@ impl SlotTable {
             }
             link = ((word & NEXT_FREE_MASK) >> NEXT_FREE_SHIFT) as u32;
         }
-        (count == handed_out).then_some(newest)
+        Some((count, newest))
     }
 
     /// The word of slot `index` if it is one of the `handed_out` slots, its page exists and it
