@@ -6,14 +6,17 @@
 use super::executor::{Dispatch, drop_contained};
 use super::handoff::{self, Handoff, RepeatingRun, UnfiredTimer};
 use super::message::Message;
-use super::reclaim::{CompactionPlan, IdleReclaim, KEPT_ENTRIES};
+use super::reclaim::{IdleReclaim, KEPT_ENTRIES};
 use super::shared::ShardShared;
-use super::slot::{Adoption, COMPACT_ABOVE, FireOutcome, Freed, RunEnd, Slot, SlotClass, SlotTable};
+use super::slot::{Adoption, FireOutcome, Freed, RunEnd, Slot, SlotTable};
 use super::stage::{Meta, StageList};
 use crate::stats::LocalLateness;
 use crate::sync::Arc;
 use crate::task::Task;
 use crate::wheel::raw::{LinkStore, Links, RawWheel};
+use compaction::Compaction;
+
+mod compaction;
 
 /// Messages drained per turn before the shard looks at the wheel again, so a flood of
 /// submissions cannot delay expiry.
@@ -160,6 +163,8 @@ pub(crate) struct Turn {
     pub(crate) ran: bool,
     /// The clock's tick at the end of the turn.
     pub(crate) now: u64,
+    /// A compaction is under way: turn again soon (see [`ShardOwner::compact_if_sparse`]).
+    pub(crate) compacting: bool,
 }
 
 /// Owner-only state of a shard: touched by exactly one thread at a time (its worker thread, or
@@ -172,8 +177,8 @@ pub(crate) struct ShardOwner {
     live: usize,
     /// When to give idle memory back.
     reclaim: IdleReclaim,
-    /// When to compact the tables of a shard that holds few timers in many slots.
-    compaction: CompactionPlan,
+    /// Compacting the tables of a shard that holds few timers in many slots.
+    compaction: Compaction,
     /// The shard's stages, as far as the owner has seen them register.
     stages: StageList,
     /// Slots the drain's cancels freed, pushed onto the free list at its end (empty between
@@ -192,7 +197,7 @@ impl ShardOwner {
             entries: Entries::default(),
             live: 0,
             reclaim: IdleReclaim::new(),
-            compaction: CompactionPlan::default(),
+            compaction: Compaction::default(),
             stages: StageList::default(),
             freed: Freed::default(),
             fired: 0,
@@ -406,7 +411,7 @@ impl ShardOwner {
     /// [`SlotTable::current`]): the same unless a compaction retired it.
     #[inline]
     fn current(&self, index: u32) -> u32 {
-        if index < self.entries.base {
+        if index < self.compaction.retired_below() {
             self.shared.slots.current(index)
         } else {
             index
@@ -498,91 +503,12 @@ impl ShardOwner {
             }),
             || stages.flush_spares(&shared.stages, &shared.slots),
         );
-        if self.entries.base != 0 && shared.slots.retired_below() == 0 {
+        if self.compaction.retired_below() != 0 && shared.slots.retired_below() == 0 {
             // The slot table was reclaimed, its retirement with it: slots start from 0 again.
             debug_assert!(self.live == 0, "slot table reclaimed while timers are held");
             self.entries = Entries::default();
+            self.compaction = Compaction::default();
         }
-    }
-
-    /// Compacts the slot table and the entry table when the shard holds few timers in many
-    /// slots, so that their memory follows the timers held (see `slot::compact` for the
-    /// protocol; [`CompactionPlan`] says when). Moves every timer below the slots handed out
-    /// to fresh slots above them, in a new entry table, and stores them in the wheel again.
-    /// Runs no user code. True iff it compacted.
-    pub(crate) fn compact_if_sparse(&mut self, now_tick: u64) -> bool {
-        let (base, end) = (self.entries.base, self.entries.end());
-        if !self.compaction.due(now_tick, self.live, base, end) {
-            if base != 0 || self.live as u64 * 8 > end {
-                self.compaction.succeeded();
-            }
-            return false;
-        }
-        let shared = self.shared.clone();
-        let slots = &shared.slots;
-        // Spare slots are FREE off the list: flushed, and none kept during the survey.
-        slots.refuse_spares();
-        self.stages.flush_spares(&shared.stages, slots);
-        let retired = self.plan_compaction(slots);
-        slots.allow_spares();
-        let Some((base, moved)) = retired else {
-            self.compaction.failed(now_tick, &shared.clock);
-            return false;
-        };
-        self.compaction.succeeded();
-        let mut old = std::mem::replace(&mut self.entries, Entries::from(base));
-        let linked: Vec<bool> = moved.iter().map(|&index| old.is_linked(index)).collect();
-        self.wheel.drain(&mut Store::new(&mut old, slots), |_, _| {});
-        if let Some(last) = (moved.len() as u32).checked_sub(1) {
-            self.entries.grow_to_hold(base + last);
-        }
-        for (rank, (&index, linked)) in moved.iter().zip(linked).enumerate() {
-            let new = base + rank as u32;
-            let moved_whole = slots.move_slot(index, new);
-            let Some(position) = old.position(index) else {
-                continue; // Ended: no entry.
-            };
-            debug_assert!(moved_whole, "a held slot {index} was freed during its move");
-            *self.entries.task(new) = old.tasks[position].take();
-            if old.links[position].take_deferred() {
-                self.entries.links_mut(new).set_deferred();
-            }
-            if linked {
-                let deadline = slots.deadline(new);
-                let mut store = Store::new(&mut self.entries, slots);
-                self.wheel.insert(&mut store, new, deadline);
-            }
-        }
-        debug_assert!(
-            old.tasks.iter().all(Option::is_none),
-            "a compaction left a task behind"
-        );
-        drop(old);
-        slots.forget_retired();
-        true
-    }
-
-    /// Steps 1 to 3 of a compaction (see `slot::compact`): the slots below the count handed
-    /// out, all retired, and the first fresh slot the moved ones (ascending) go to; `None` if
-    /// something could not be moved now.
-    fn plan_compaction(&self, slots: &SlotTable) -> Option<(u32, Vec<u32>)> {
-        let survey = slots.survey(COMPACT_ABOVE)?;
-        let mut newest = 0;
-        let mut free = 0;
-        let mut moved = Vec::with_capacity(self.live);
-        for index in 0..survey.below() {
-            match slots.classify(index, &mut newest) {
-                SlotClass::Free => free += 1,
-                SlotClass::Held if self.entries.has_task(index) => moved.push(index),
-                SlotClass::Running | SlotClass::Ended => moved.push(index),
-                SlotClass::Held | SlotClass::Unmovable => return None,
-            }
-        }
-        if free != survey.on_list() {
-            return None;
-        }
-        let base = slots.retire(&survey, &moved, newest)?;
-        Some((base, moved))
     }
 
     /// The tick of the shard's next work: the wheel's, or giving idle memory back.
@@ -649,8 +575,13 @@ impl ShardOwner {
         owner.cascade_ahead();
         let now = clock.now_tick();
         owner.reclaim_idle_memory(now);
-        owner.compact_if_sparse(now);
-        Some(Turn { drained, ran, now })
+        let compacting = owner.compact_if_sparse(now);
+        Some(Turn {
+            drained,
+            ran,
+            now,
+            compacting,
+        })
     }
 
     /// After this shard's thread failed: cancels the timers of the engine's own `Sleep`
@@ -746,11 +677,11 @@ impl Drop for ShardOwner {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TimerState;
     use crate::clock::Clock;
     use crate::clock::TickClock;
     use crate::engine::handle::TimerHandle;
-    use crate::TimerState;
-    use crate::engine::slot::{RECLAIM_ABOVE, Reclaim};
+    use crate::engine::slot::{COMPACT_ABOVE, RECLAIM_ABOVE, Reclaim};
     use std::time::Duration;
 
     /// A shard driven by hand (ticks of 1 ms), holding `count` cancelled timers whose handles
@@ -896,7 +827,12 @@ mod tests {
         now.store(5, Relaxed);
         expire_and_run(&mut owner, 5);
         assert_eq!(ran[3].load(Relaxed), 6);
-        assert!(owner.compact_if_sparse(5), "the shard compacts");
+        assert!(!owner.compact_if_sparse(5), "sparse: waits first");
+        let mut pieces = 0;
+        while owner.compact_if_sparse(105) {
+            pieces += 1;
+        }
+        assert!(pieces > 3, "compacted in {pieces} pieces");
         let retired = shared.slots.retired_below();
         assert!(retired as usize >= count, "retired below {retired}");
         assert_eq!(owner.entries.base, retired);
@@ -944,9 +880,122 @@ mod tests {
         }
         // Every handle gone: the slot table is reclaimed whole, its retirement with it.
         drop(handles);
-        let (_, _) = run_housekeeping(&mut owner, 3000);
+        owner.reclaim_idle_memory(3000);
+        run_housekeeping(&mut owner, 3000);
         assert_eq!(shared.slots.retired_below(), 0);
         assert_eq!(owner.entries.base, 0);
         assert_eq!(shared.slots.allocate().map(|(index, _)| index), Some(0));
+    }
+
+    #[test]
+    fn a_compaction_goes_on_between_fires_cancels_resets_and_drops() {
+        use std::sync::atomic::AtomicU64 as Counter;
+        use std::sync::atomic::Ordering::Relaxed;
+        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
+        let shared = Arc::new(ShardShared::new(clock, None));
+        let mut owner = ShardOwner::new(shared.clone(), 6);
+        let count = COMPACT_ABOVE as usize + 20_000;
+        let now = Arc::new(Counter::new(0));
+        let ran: Arc<Vec<Counter>> = Arc::new((0..count).map(|_| Counter::new(0)).collect());
+        // Kept: one in ten, some due while the compaction runs (ticks 105 on).
+        let kept = |i: usize| i % 10 == 0;
+        let mut due: Vec<u64> = (0..count)
+            .map(|i| {
+                if i % 30 == 0 {
+                    106 + (i % 7) as u64
+                } else {
+                    1000 + (i % 500) as u64
+                }
+            })
+            .collect();
+        let ended = [3, count - 7];
+        for &i in &ended {
+            due[i] = 5;
+        }
+        let mut handles: Vec<Option<TimerHandle>> = (0..count)
+            .map(|i| {
+                let (now, ran) = (now.clone(), ran.clone());
+                let task = Task::new_inline(move || {
+                    assert_eq!(ran[i].swap(now.load(Relaxed) + 1, Relaxed), 0, "ran twice");
+                });
+                Some(TimerHandle::submit(&shared, due[i], task).unwrap())
+            })
+            .collect();
+        let mut cancelled = vec![false; count];
+        for (i, handle) in handles.iter_mut().enumerate() {
+            if !kept(i) && !ended.contains(&i) {
+                assert!(handle.take().unwrap().cancel());
+                cancelled[i] = true;
+            }
+        }
+        now.store(5, Relaxed);
+        expire_and_run(&mut owner, 5);
+        assert!(!owner.compact_if_sparse(5));
+        let mut tick = 105;
+        let mut piece = 0;
+        loop {
+            now.store(tick, Relaxed);
+            expire_and_run(&mut owner, tick);
+            let going_on = owner.compact_if_sparse(tick);
+            if piece == 3 {
+                // Ended timers' handles go: one moved already, one not yet.
+                for &i in &ended {
+                    handles[i] = None;
+                }
+            }
+            for i in (0..count).filter(|&i| kept(i) && (i / 10) % 13 == piece % 13) {
+                let Some(handle) = &handles[i] else { continue };
+                if ran[i].load(Relaxed) != 0 || cancelled[i] {
+                    continue;
+                }
+                match i % 4 {
+                    0 => {
+                        assert!(handle.cancel(), "cancel of timer {i}");
+                        cancelled[i] = true;
+                    }
+                    1 => {
+                        due[i] += 2000;
+                        assert!(handle.reset_to_tick(due[i]));
+                    }
+                    2 => {
+                        due[i] = tick + 5;
+                        assert!(handle.reset_to_tick(due[i]));
+                    }
+                    _ => drop(handle.clone()),
+                }
+            }
+            piece += 1;
+            tick += 1;
+            if !going_on && piece > 4 {
+                break;
+            }
+        }
+        assert!(shared.slots.retired_below() as usize >= count);
+        for tick in [200, 1000, 1600, 2000, 3000, 3600] {
+            now.store(tick, Relaxed);
+            expire_and_run(&mut owner, tick);
+        }
+        for i in 0..count {
+            let at = ran[i].load(Relaxed);
+            if cancelled[i] {
+                assert_eq!(at, 0, "cancelled timer {i} ran");
+            } else {
+                assert!(
+                    at > due[i],
+                    "timer {i} due at {} ran at {}",
+                    due[i],
+                    at as i64 - 1
+                );
+            }
+        }
+        assert_eq!(owner.live, 0);
+        drop(handles);
+        owner.reclaim_idle_memory(4000);
+        run_housekeeping(&mut owner, 4000);
+        assert_eq!(
+            shared.slots.retired_below(),
+            0,
+            "reclaimed, retirement ended"
+        );
     }
 }

@@ -14,7 +14,7 @@
 //! forever), until a later turn finds it changed. Meanwhile producers keep no spare slots (see
 //! `IdleReclaim::refuse_spares`), and each try first flushes those they kept.
 
-use super::slot::{COMPACT_ABOVE, RECLAIM_ABOVE, Reclaim, SlotTable};
+use super::slot::{RECLAIM_ABOVE, Reclaim, SlotTable};
 use crate::clock::TickClock;
 use std::time::Duration;
 
@@ -167,66 +167,6 @@ impl IdleReclaim {
                 self.backoff = (self.backoff * 2).clamp(first, longest).max(walk_bound);
                 self.at = now_tick.saturating_add(self.backoff);
             }
-        }
-    }
-}
-
-/// A shard compacts its tables (see `slot::compact`) when it holds at most one in this many of
-/// the slots handed out.
-const SPARSE: u64 = 8;
-/// Failed compactions in a row after which the shard stops waking up to try again (it still
-/// tries at the turns it makes anyway).
-const COMPACTION_WAKES: u32 = 8;
-
-/// When a shard that holds timers compacts its tables: when it holds at most one in [`SPARSE`]
-/// of the slots handed out (more than `COMPACT_ABOVE` of them). A compaction fails while
-/// anything it cannot move is under way (an allocation, a free, a staged timer); the shard
-/// tries again after [`RECLAIM_DELAY`], twice that, ... up to [`RECLAIM_RETRY_MAX`], waking up
-/// for it [`COMPACTION_WAKES`] times at most.
-#[derive(Debug, Default)]
-pub(crate) struct CompactionPlan {
-    /// No try before this tick.
-    not_before: u64,
-    /// Ticks to wait after the next failure (0: none failed yet).
-    backoff: u64,
-    /// Failures in a row.
-    failures: u32,
-}
-
-impl CompactionPlan {
-    /// Whether to try at `now_tick`, holding `live` timers in slots up to `end` (one past the
-    /// highest held) from `base` (the slots below are retired).
-    pub(crate) fn due(&self, now_tick: u64, live: usize, base: u32, end: u64) -> bool {
-        base == 0
-            && live > 0
-            && end > COMPACT_ABOVE
-            && live as u64 * SPARSE <= end
-            && now_tick >= self.not_before
-    }
-
-    /// The try at `now_tick` failed.
-    pub(crate) fn failed(&mut self, now_tick: u64, clock: &TickClock) {
-        let max = clock.ticks_in(RECLAIM_RETRY_MAX).max(1);
-        self.backoff = if self.backoff == 0 {
-            clock.ticks_in(RECLAIM_DELAY).max(1)
-        } else {
-            self.backoff.saturating_mul(2).min(max)
-        };
-        self.not_before = now_tick.saturating_add(self.backoff);
-        self.failures = self.failures.saturating_add(1);
-    }
-
-    /// The try succeeded (or there is nothing to compact any more).
-    pub(crate) fn succeeded(&mut self) {
-        *self = CompactionPlan::default();
-    }
-
-    /// The tick to wake up at for the next try, `u64::MAX` if none.
-    pub(crate) fn at(&self) -> u64 {
-        if self.failures == 0 || self.failures > COMPACTION_WAKES {
-            u64::MAX
-        } else {
-            self.not_before
         }
     }
 }

@@ -264,7 +264,7 @@ impl Engine {
                 // Never spills: the tasks go out after the turn.
                 if let Some(turn) = ShardOwner::turn(&mut hold, &mut handoff, &self.dispatch, false)
                 {
-                    progressed |= turn.ran || turn.drained == DRAIN_BATCH;
+                    progressed |= turn.ran || turn.drained == DRAIN_BATCH || turn.compacting;
                 }
             }
             if !progressed {

@@ -54,20 +54,21 @@
 //! counts the list against the slots handed out above `W`, less the unused reserved ones, and
 //! frees the map (no handle is left, so nobody is reading it).
 
+use super::free_list::{RETIRED, next_head};
+use super::pages::{locate, page_len, page_start};
 use super::retired::Retired;
 use super::word::{
-    DEADLINE_LOCK, FREE, GENERATION_MASK, REPEATING, RUNNING, SHARD, STAGED, generation_of, handles_of,
-    lifecycle_of,
+    DEADLINE_LOCK, FREE, GENERATION_MASK, NEXT_FREE_MASK, NEXT_FREE_SHIFT, REPEATING, RUNNING,
+    SHARD, STAGED, generation_of, handles_of, is_unreferenced, lifecycle_of,
 };
 use super::{FRESH_COUNT_MASK, MAX_SLOTS, SEALED, SlotTable};
-use super::free_list::{RETIRED, next_head};
-use super::pages::{PAGES, locate, page_len, page_start};
 use crate::sync::Ordering;
 
 /// A shard compacts its table only when more slots than this were handed out.
 pub(crate) const COMPACT_ABOVE: u64 = if cfg!(shardwheel_loom) { 0 } else { 1 << 16 };
 
-/// What step 1 of a compaction saw (see the [module documentation](self)).
+/// What step 1 of a compaction saw (see the [module documentation](self)), walked a piece at
+/// a time ([`SlotTable::walk_survey`]).
 #[derive(Debug)]
 pub(crate) struct Survey {
     /// The fresh counter as read.
@@ -76,8 +77,10 @@ pub(crate) struct Survey {
     head: u64,
     /// `W`: the slots handed out, all to be retired.
     below: u32,
-    /// Slots on the free list.
+    /// Slots on the free list walked so far.
     on_list: u64,
+    /// The next link of the list to walk (a slot + 1; 0: the walk is done).
+    link: u32,
 }
 
 impl Survey {
@@ -86,7 +89,8 @@ impl Survey {
         self.below
     }
 
-    /// How many slots the free list held: the FREE slots found below `W` must be as many.
+    /// How many slots the free list holds (once walked): the FREE slots found below `W` must be
+    /// as many.
     pub(crate) fn on_list(&self) -> u64 {
         self.on_list
     }
@@ -118,13 +122,40 @@ impl SlotTable {
             return None;
         }
         let head = self.free_head.load(Ordering::Acquire);
-        let (on_list, _) = self.walk_free_list(head, handed_out)?;
         Some(Survey {
             observed,
             head,
             below: handed_out as u32,
-            on_list,
+            on_list: 0,
+            link: head as u32,
         })
+    }
+
+    /// Step 1, a piece at a time: walks up to `steps` more slots of the free list. `Some(true)`
+    /// once it is walked whole, `None` if it changed since the survey began (then the
+    /// compaction gives up: step 3 would fail).
+    pub(crate) fn walk_survey(&self, survey: &mut Survey, steps: u64) -> Option<bool> {
+        if self.free_head.load(Ordering::Relaxed) != survey.head {
+            return None;
+        }
+        for _ in 0..steps {
+            if survey.link == 0 {
+                return Some(true);
+            }
+            // More slots than handed out: a list that changed under us (a cycle).
+            if survey.on_list == survey.below as u64 {
+                return None;
+            }
+            let word = self.free_word(survey.link - 1, survey.below as u64)?;
+            survey.on_list += 1;
+            survey.link = ((word & NEXT_FREE_MASK) >> NEXT_FREE_SHIFT) as u32;
+        }
+        Some(survey.link == 0)
+    }
+
+    /// Whether the free list is still as the survey found it (else step 3 would fail).
+    pub(crate) fn survey_holds(&self, survey: &Survey) -> bool {
+        self.free_head.load(Ordering::Relaxed) == survey.head
     }
 
     /// Step 2, for one slot below the survey's `W`; `newest` gathers the newest generation
@@ -188,10 +219,9 @@ impl SlotTable {
         for page in locate(below).0..=locate(end.max(below as u64 + 1) as u32 - 1).0 {
             self.pages.ensure(page);
         }
-        self.fresh.next.swap(
-            survey.observed & !FRESH_COUNT_MASK | end,
-            Ordering::Release,
-        );
+        self.fresh
+            .next
+            .swap(survey.observed & !FRESH_COUNT_MASK | end, Ordering::Release);
         Some(below)
     }
 
@@ -218,14 +248,13 @@ impl SlotTable {
                 Err(actual) => word = actual,
             }
         }
-        to.deadline.store(
-            from.deadline.load(Ordering::Acquire),
-            Ordering::Relaxed,
-        );
+        to.deadline
+            .store(from.deadline.load(Ordering::Acquire), Ordering::Relaxed);
         loop {
-            if lifecycle_of(word) == FREE {
-                // Freed by its last handle since step 3 (only an ended timer can be): the free
-                // gives the old slot up (see `drops_owed`).
+            if lifecycle_of(word) == FREE || is_unreferenced(word) {
+                // Freed, or being freed, since step 3 by its last holder (a handle, or the
+                // shard at a fire or a cancel before the move): the free gives the old slot up
+                // instead of listing it (see `drops_owed`).
                 self.retirement.count_unused();
                 return false;
             }
@@ -241,17 +270,19 @@ impl SlotTable {
         }
     }
 
-    /// Step 5: gives back the memory of every retired slot.
-    pub(crate) fn forget_retired(&self) {
-        let below = self.retirement.below() as u64;
-        for page in 0..PAGES {
-            let start = page_start(page);
-            if start >= below {
-                break;
-            }
-            self.pages
-                .forget(page, (below - start).min(page_len(page) as u64) as usize);
+    /// Step 5, a piece at a time: gives back the memory of the retired slots from `from`, up
+    /// to `count` of them; returns where to go on from (the bound `W` once done).
+    pub(crate) fn forget_retired(&self, from: u32, count: u32) -> u32 {
+        let below = self.retirement.below();
+        let to = from.saturating_add(count).min(below);
+        let mut index = from;
+        while index < to {
+            let (page, offset) = locate(index);
+            let end = (page_start(page) + page_len(page) as u64).min(to as u64) as u32;
+            self.pages.forget(page, offset, (end - index) as usize);
+            index = end;
         }
+        to
     }
 
     /// The slot now holding the timer of slot `index`, whose word the caller just read as 0:
@@ -260,6 +291,17 @@ impl SlotTable {
     #[inline(never)]
     pub(super) fn moved_to(&self, index: u32) -> Option<u32> {
         self.retirement.moved_to(index)
+    }
+
+    /// The shard, about to free slot `index` (a fire or a cancel it applied): true if the slot
+    /// is retired, so the free gives it up instead (the slot's move, later, finds it being
+    /// freed and leaves its reserved slot unused).
+    pub(super) fn give_up_retired(&self, index: u32) -> bool {
+        if index >= self.retirement.below() {
+            return false;
+        }
+        self.retirement.count_drop();
+        true
     }
 
     /// Every slot below this was retired by the compaction in force (0 if none).

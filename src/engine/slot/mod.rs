@@ -143,7 +143,7 @@ mod spares;
 mod tests;
 mod word;
 
-pub(crate) use compact::{COMPACT_ABOVE, SlotClass};
+pub(crate) use compact::{COMPACT_ABOVE, SlotClass, Survey};
 pub(crate) use free_list::Freed;
 #[cfg(shardwheel_loom)]
 pub use hook::SlotTableHook;
@@ -901,7 +901,9 @@ impl SlotTable {
     /// Frees a slot the shard just fired with no handle left (see [`FireOutcome::Fire`]).
     pub(crate) fn free_fired(&self, index: u32) {
         let word = self.word(index).load(Ordering::Acquire);
-        self.free(index, word);
+        if !self.give_up_retired(index) {
+            self.free(index, word);
+        }
     }
 
     /// The shard lets go of a cancelled slot (after dropping its task); frees it if no handle
@@ -915,7 +917,9 @@ impl SlotTable {
     /// [`let_go`](Self::let_go), freeing into the shard's chain `freed` (pushed onto the free
     /// list later, see [`free_list`]).
     pub(crate) fn let_go_into(&self, index: u32, freed: &mut Freed) {
-        if let Some(word) = self.let_go_unfreed(index) {
+        if let Some(word) = self.let_go_unfreed(index)
+            && !self.give_up_retired(index)
+        {
             self.free_into(index, word, freed);
         }
     }

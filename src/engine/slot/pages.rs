@@ -107,13 +107,13 @@ impl Pages {
         }
     }
 
-    /// Gives the memory of the first `used` slots of page `page` back to the operating system
-    /// (`madvise(MADV_DONTNEED)` of the whole OS pages inside them): they read as zeros (FREE
-    /// words) afterwards and cost no memory until written again. Their content does not matter
-    /// (a fresh slot is written whole by `begin`, a stale reader accepts any FREE word), so a
-    /// failure only means the memory stays.
+    /// Gives the memory of the `used` slots of page `page` from slot `offset` back to the
+    /// operating system (`madvise(MADV_DONTNEED)` of the whole OS pages inside them): they read
+    /// as zeros (FREE words) afterwards and cost no memory until written again. Their content
+    /// does not matter (a fresh slot is written whole by `begin`, a stale reader accepts any
+    /// FREE word, a retired slot is dead), so a failure only means the memory stays.
     #[cfg(all(unix, not(shardwheel_loom)))]
-    pub(super) fn forget(&self, page: usize, used: usize) {
+    pub(super) fn forget(&self, page: usize, offset: usize, used: usize) {
         let base = self.0[page].load(Ordering::Acquire);
         if base.is_null() {
             return;
@@ -123,14 +123,16 @@ impl Pages {
             size if size > 0 => size as usize,
             _ => return,
         };
-        let start = (base as usize).next_multiple_of(os_page);
-        let end = (base as usize + used * std::mem::size_of::<Slot>()) / os_page * os_page;
+        let first = base as usize + offset * std::mem::size_of::<Slot>();
+        let start = first.next_multiple_of(os_page);
+        let end = (first + used * std::mem::size_of::<Slot>()) / os_page * os_page;
         if end <= start {
             return;
         }
         // SAFETY: [start, end) lies inside the page's allocation (rounded inwards to whole OS
         // pages), which stays allocated until `Drop`. The reclaim protocol guarantees that no
-        // thread writes to these slots until `ready` passes this page; readers only load the
+        // thread writes to these slots until `ready` passes this page, the compaction's that
+        // they are dead (a late write only brings a zero page back); readers only load the
         // words atomically and accept the zeros (FREE) they may read. MADV_DONTNEED changes no
         // mapping, only the content (to zeros, for the private anonymous memory the allocator
         // hands out; other memory keeps its content, which is fine too).
@@ -142,18 +144,18 @@ impl Pages {
 
     /// Elsewhere the memory stays (nothing depends on it being given back).
     #[cfg(all(not(unix), not(shardwheel_loom)))]
-    pub(super) fn forget(&self, _page: usize, _used: usize) {}
+    pub(super) fn forget(&self, _page: usize, _offset: usize, _used: usize) {}
 
     /// Loom: what `madvise` does to the words, as atomic stores the model checker sees, so
     /// that a write it could erase shows up.
     #[cfg(shardwheel_loom)]
-    pub(super) fn forget(&self, page: usize, used: usize) {
+    pub(super) fn forget(&self, page: usize, offset: usize, used: usize) {
         let base = self.0[page].load(Ordering::Acquire);
         if base.is_null() {
             return;
         }
-        for offset in 0..used {
-            // SAFETY: as in `slot_if_present`; `used <= page_len(page)`.
+        for offset in offset..offset + used {
+            // SAFETY: as in `slot_if_present`; `offset + used <= page_len(page)`.
             let slot = unsafe { &*base.add(offset) };
             slot.state.store(0, Ordering::Relaxed);
             slot.deadline.store(0, Ordering::Relaxed);

@@ -174,7 +174,7 @@ impl SlotTable {
                 break;
             }
             let used = (handed_out - start).min(page_len(page) as u64) as usize;
-            self.pages.forget(page, used);
+            self.pages.forget(page, 0, used);
             self.fresh.next.fetch_add(READY_ONE, Ordering::Release);
         }
         debug_assert_eq!(
@@ -214,7 +214,7 @@ impl SlotTable {
 
     /// The word of slot `index` if it is one of the `handed_out` slots, its page exists and it
     /// is FREE (a walk over a list that changed under us may reach any value).
-    fn free_word(&self, index: u32, handed_out: u64) -> Option<u64> {
+    pub(super) fn free_word(&self, index: u32, handed_out: u64) -> Option<u64> {
         if index as u64 >= handed_out {
             return None;
         }

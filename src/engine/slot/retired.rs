@@ -69,8 +69,7 @@ impl Retired {
         let word = index as usize / 64;
         let bit = 1u64 << (index % 64);
         let bits = self.moved[word];
-        (bits & bit != 0)
-            .then(|| self.base + self.ranks[word] + (bits & (bit - 1)).count_ones())
+        (bits & bit != 0).then(|| self.base + self.ranks[word] + (bits & (bit - 1)).count_ones())
     }
 
     /// The newest generation among the retired slots, as an offset from the fresh generation
@@ -111,7 +110,10 @@ impl Retirement {
     /// The shard puts `map` in force. Release: the map, for whoever reads a moved slot's 0
     /// (the moves come later and release it again).
     pub(super) fn publish(&self, map: Retired) {
-        debug_assert!(!self.is_in_force(), "a second retirement while one is in force");
+        debug_assert!(
+            !self.is_in_force(),
+            "a second retirement while one is in force"
+        );
         self.below.store(map.below(), Ordering::Relaxed);
         self.map
             .store(Box::into_raw(Box::new(map)), Ordering::Release);

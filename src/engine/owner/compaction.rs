@@ -1,0 +1,314 @@
+//! The owner's side of a [compaction](crate::engine::slot) (`slot::compact` holds the
+//! protocol and why it is safe): when the shard holds few timers in many slots, it moves them
+//! to fresh slots, with their entries, and gives the memory of the old ones back.
+//!
+//! The work is O(slots handed out), so it is done a piece at a time, one piece per turn
+//! (turns follow each other at once meanwhile), and expiry goes on between pieces:
+//!
+//! | phase | each piece | ends with |
+//! |-------|------------|-----------|
+//! | `Waiting` | nothing: sparse for [`SPARSE_FOR`] first (a storm's tail fires by itself) | a survey |
+//! | `Surveying` | walks [`PIECE`] slots of the free list, then classifies as many slots | `retire` (step 3), or giving up |
+//! | `Moving` | moves [`MOVES`] timers: slot, entry, place in the wheel | the entry table rebuilt from the retired bound up |
+//! | `Forgetting` | gives back the memory of [`PIECE`] retired slots | done |
+//!
+//! A survey gives up when the free list changes, or a slot cannot be moved now; the shard
+//! tries again after [`RECLAIM_DELAY`], twice that, ... up to [`RECLAIM_RETRY_MAX`] (waking up
+//! for it [`WAKES`] times at most). Until the moves are done, entries stay where they are in
+//! the one entry table (which grows by the moved timers' new slots): messages and fires find
+//! a timer at its old slot before its move and at its new one after
+//! ([`ShardOwner::current`]).
+
+use super::{Entries, ShardOwner, Store};
+use crate::clock::TickClock;
+use crate::engine::reclaim::{RECLAIM_DELAY, RECLAIM_RETRY_MAX};
+use crate::engine::slot::{COMPACT_ABOVE, SlotClass, SlotTable, Survey};
+use std::time::Duration;
+
+/// A shard compacts when it holds at most one in this many of the slots handed out.
+const SPARSE: u64 = 8;
+/// How long the shard must have been sparse before it compacts.
+const SPARSE_FOR: Duration = Duration::from_millis(100);
+/// Slots a piece of the survey walks (and classifies), or of the forgetting gives back.
+const PIECE: u32 = 1 << 16;
+/// Timers a piece of the moves moves.
+const MOVES: usize = 1 << 12;
+/// Failed surveys in a row after which the shard stops waking up to try again (it still tries
+/// at turns it makes anyway).
+const WAKES: u32 = 8;
+
+/// Where a shard's compaction stands. See the [module documentation](self).
+#[derive(Debug, Default)]
+pub(super) struct Compaction {
+    phase: Phase,
+    /// The bound of the retirement in force (0: none).
+    retired_below: u32,
+    /// Ticks to wait after the next failed survey (0: none failed yet).
+    backoff: u64,
+    /// Failed surveys in a row.
+    failures: u32,
+}
+
+#[derive(Debug, Default)]
+enum Phase {
+    /// Not sparse (`at == u64::MAX`), or sparse since and waiting until tick `at`.
+    #[default]
+    Idle,
+    Waiting {
+        at: u64,
+    },
+    Surveying {
+        survey: Survey,
+        walked: bool,
+        classified: u32,
+        free: u64,
+        newest: u32,
+        moved: Vec<u32>,
+    },
+    Moving {
+        moved: Vec<u32>,
+        base: u32,
+        done: usize,
+    },
+    Forgetting {
+        from: u32,
+    },
+}
+
+impl Compaction {
+    /// The bound of the retirement in force (0: none): messages naming a slot below it may
+    /// name a moved timer.
+    pub(super) fn retired_below(&self) -> u32 {
+        self.retired_below
+    }
+
+    /// The tick to wake up at for the compaction's next piece (0: at once), `u64::MAX` if none.
+    pub(super) fn at(&self) -> u64 {
+        match self.phase {
+            Phase::Idle => u64::MAX,
+            Phase::Waiting { at } if self.failures > WAKES => {
+                let _ = at;
+                u64::MAX
+            }
+            Phase::Waiting { at } => at,
+            _ => 0,
+        }
+    }
+
+    /// A survey failed at `now_tick`: wait before the next.
+    fn failed(&mut self, now_tick: u64, clock: &TickClock) {
+        let max = clock.ticks_in(RECLAIM_RETRY_MAX).max(1);
+        self.backoff = if self.backoff == 0 {
+            clock.ticks_in(RECLAIM_DELAY).max(1)
+        } else {
+            self.backoff.saturating_mul(2).min(max)
+        };
+        self.failures = self.failures.saturating_add(1);
+        self.phase = Phase::Waiting {
+            at: now_tick.saturating_add(self.backoff),
+        };
+    }
+}
+
+impl ShardOwner {
+    /// Does the next piece of a compaction, starting one when the shard has been sparse long
+    /// enough (see the [module documentation](self)). Runs no user code. True while one is
+    /// under way (the shard should turn again at once).
+    pub(crate) fn compact_if_sparse(&mut self, now_tick: u64) -> bool {
+        let shared = self.shared.clone();
+        let slots = &shared.slots;
+        let phase = std::mem::take(&mut self.compaction.phase);
+        self.compaction.phase = match phase {
+            Phase::Idle | Phase::Waiting { .. } if !self.is_sparse() => {
+                self.compaction.backoff = 0;
+                self.compaction.failures = 0;
+                Phase::Idle
+            }
+            Phase::Idle => Phase::Waiting {
+                at: now_tick.saturating_add(shared.clock.ticks_in(SPARSE_FOR).max(1)),
+            },
+            Phase::Waiting { at } if now_tick < at => Phase::Waiting { at },
+            Phase::Waiting { .. } => match slots.survey(COMPACT_ABOVE) {
+                Some(survey) => Phase::Surveying {
+                    survey,
+                    walked: false,
+                    classified: 0,
+                    free: 0,
+                    newest: 0,
+                    moved: Vec::with_capacity(self.live),
+                },
+                None => {
+                    self.compaction.failed(now_tick, &shared.clock);
+                    return false;
+                }
+            },
+            Phase::Surveying {
+                mut survey,
+                mut walked,
+                mut classified,
+                mut free,
+                mut newest,
+                mut moved,
+            } => {
+                let progress = if walked {
+                    self.classify(
+                        slots,
+                        &survey,
+                        &mut classified,
+                        &mut free,
+                        &mut newest,
+                        &mut moved,
+                    )
+                } else {
+                    slots.walk_survey(&mut survey, PIECE as u64).map(|done| {
+                        walked = done;
+                        false
+                    })
+                };
+                match progress {
+                    None => {
+                        self.compaction.failed(now_tick, &shared.clock);
+                        return false;
+                    }
+                    Some(false) => Phase::Surveying {
+                        survey,
+                        walked,
+                        classified,
+                        free,
+                        newest,
+                        moved,
+                    },
+                    Some(true) => {
+                        // Spare slots are FREE off the list: none kept from the flush until
+                        // the list is emptied.
+                        slots.refuse_spares();
+                        self.stages.flush_spares(&shared.stages, slots);
+                        let retired = (free == survey.on_list())
+                            .then(|| slots.retire(&survey, &moved, newest))
+                            .flatten();
+                        slots.allow_spares();
+                        let Some(base) = retired else {
+                            self.compaction.failed(now_tick, &shared.clock);
+                            return false;
+                        };
+                        self.compaction.retired_below = base;
+                        self.compaction.backoff = 0;
+                        self.compaction.failures = 0;
+                        if let Some(last) = (moved.len() as u32).checked_sub(1) {
+                            self.entries.grow_to_hold(base + last);
+                        }
+                        Phase::Moving {
+                            moved,
+                            base,
+                            done: 0,
+                        }
+                    }
+                }
+            }
+            Phase::Moving { moved, base, done } => {
+                let end = moved.len().min(done + MOVES);
+                for (rank, &index) in moved.iter().enumerate().take(end).skip(done) {
+                    self.move_entry(slots, index, base + rank as u32);
+                }
+                if end < moved.len() {
+                    Phase::Moving {
+                        moved,
+                        base,
+                        done: end,
+                    }
+                } else {
+                    self.entries.drop_below(base);
+                    Phase::Forgetting { from: 0 }
+                }
+            }
+            Phase::Forgetting { from } => {
+                let from = slots.forget_retired(from, PIECE);
+                if from < self.compaction.retired_below {
+                    Phase::Forgetting { from }
+                } else {
+                    Phase::Idle
+                }
+            }
+        };
+        !matches!(self.compaction.phase, Phase::Idle | Phase::Waiting { .. })
+    }
+
+    /// Whether the shard holds few timers in many slots (and no retirement is in force: one
+    /// at a time, until the slot table is next reclaimed).
+    fn is_sparse(&self) -> bool {
+        let end = self.entries.end();
+        self.compaction.retired_below == 0
+            && self.live > 0
+            && end > COMPACT_ABOVE
+            && self.live as u64 * SPARSE <= end
+    }
+
+    /// Classifies the next [`PIECE`] slots of the survey (step 2): `Some(true)` once all are,
+    /// `None` if one cannot be moved now or the list changed.
+    fn classify(
+        &self,
+        slots: &SlotTable,
+        survey: &Survey,
+        classified: &mut u32,
+        free: &mut u64,
+        newest: &mut u32,
+        moved: &mut Vec<u32>,
+    ) -> Option<bool> {
+        if !slots.survey_holds(survey) {
+            return None;
+        }
+        let end = survey.below().min(classified.saturating_add(PIECE));
+        for index in *classified..end {
+            match slots.classify(index, newest) {
+                SlotClass::Free => *free += 1,
+                SlotClass::Held if self.entries.has_task(index) => moved.push(index),
+                SlotClass::Running | SlotClass::Ended => moved.push(index),
+                SlotClass::Held | SlotClass::Unmovable => return None,
+            }
+        }
+        *classified = end;
+        Some(end == survey.below())
+    }
+
+    /// Moves timer `index` to slot `new` (step 4): its slot, its entry if the shard holds it,
+    /// and its place in the wheel.
+    fn move_entry(&mut self, slots: &SlotTable, index: u32, new: u32) {
+        let moved = slots.move_slot(index, new);
+        if !moved || self.entries.position(index).is_none() {
+            // Freed before its move (its entry vacant), or ended with handles: no entry.
+            return;
+        }
+        let mut store = Store::new(&mut self.entries, slots);
+        let linked = self.wheel.remove(&mut store, index);
+        let task = self.entries.task(index).take();
+        let deferred = self.entries.links_mut(index).take_deferred();
+        *self.entries.task(new) = task;
+        if deferred {
+            self.entries.links_mut(new).set_deferred();
+        }
+        if linked {
+            let deadline = slots.deadline(new);
+            let mut store = Store::new(&mut self.entries, slots);
+            self.wheel.insert(&mut store, new, deadline);
+        }
+    }
+}
+
+/// Entries below a retired bound go once their timers moved.
+impl Entries {
+    /// Drops the entries below `base` (all vacant: their timers moved), keeping the rest.
+    pub(super) fn drop_below(&mut self, base: u32) {
+        let keep = (base - self.base) as usize;
+        debug_assert!(
+            self.tasks[..keep].iter().all(Option::is_none),
+            "a compaction left a task behind"
+        );
+        let links = self.links.split_off(keep);
+        let tasks = self.tasks.split_off(keep);
+        let mut old = std::mem::replace(self, Entries { base, links, tasks });
+        // SAFETY: every task below `keep` is `None` (asserted above in debug builds: the moves
+        // took them all), so no element needs dropping; only the buffer is freed. This skips a
+        // pass over memory about to be given back.
+        unsafe { old.tasks.set_len(0) };
+    }
+}
