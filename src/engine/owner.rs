@@ -280,6 +280,8 @@ impl ShardOwner {
                 deadline,
                 task,
             } => {
+                // A compaction may have moved it before its shard saw it.
+                let index = self.current(index);
                 self.ensure_entry(index);
                 debug_assert!(
                     self.entries.is_vacant(index),
@@ -486,6 +488,9 @@ impl ShardOwner {
 
     /// Gives idle memory back, when due (see [`reclaim`](super::reclaim)).
     pub(crate) fn reclaim_idle_memory(&mut self, now_tick: u64) {
+        if self.compaction.is_under_way() {
+            return;
+        }
         let entries = &mut self.entries;
         let wheel = &mut self.wheel;
         let stages = &mut self.stages;

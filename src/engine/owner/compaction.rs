@@ -61,11 +61,10 @@ enum Phase {
         survey: Survey,
         walked: bool,
         classified: u32,
-        free: u64,
-        newest: u32,
         moved: Vec<u32>,
     },
     Moving {
+        survey: Survey,
         moved: Vec<u32>,
         base: u32,
         done: usize,
@@ -80,6 +79,11 @@ impl Compaction {
     /// name a moved timer.
     pub(super) fn retired_below(&self) -> u32 {
         self.retired_below
+    }
+
+    /// Whether a survey, the moves or the giving back are under way (the idle reclaim waits).
+    pub(super) fn is_under_way(&self) -> bool {
+        !matches!(self.phase, Phase::Idle | Phase::Waiting { .. })
     }
 
     /// The tick to wake up at for the compaction's next piece (0: at once), `u64::MAX` if none.
@@ -128,96 +132,109 @@ impl ShardOwner {
                 at: now_tick.saturating_add(shared.clock.ticks_in(SPARSE_FOR).max(1)),
             },
             Phase::Waiting { at } if now_tick < at => Phase::Waiting { at },
-            Phase::Waiting { .. } => match slots.survey(COMPACT_ABOVE) {
-                Some(survey) => Phase::Surveying {
-                    survey,
-                    walked: false,
-                    classified: 0,
-                    free: 0,
-                    newest: 0,
-                    moved: Vec::with_capacity(self.live),
-                },
-                None => {
-                    self.compaction.failed(now_tick, &shared.clock);
-                    return false;
-                }
-            },
-            Phase::Surveying {
-                mut survey,
-                mut walked,
-                mut classified,
-                mut free,
-                mut newest,
-                mut moved,
-            } => {
-                let progress = if walked {
-                    self.classify(
-                        slots,
-                        &survey,
-                        &mut classified,
-                        &mut free,
-                        &mut newest,
-                        &mut moved,
-                    )
-                } else {
-                    slots.walk_survey(&mut survey, PIECE as u64).map(|done| {
-                        walked = done;
-                        false
-                    })
-                };
-                match progress {
+            Phase::Waiting { .. } => {
+                // Spare slots are FREE off the list: listed before the survey takes it, and
+                // none kept until it ends.
+                slots.refuse_spares();
+                self.stages.flush_spares(&shared.stages, slots);
+                match slots.survey(COMPACT_ABOVE) {
+                    Some(survey) => Phase::Surveying {
+                        survey,
+                        walked: false,
+                        classified: 0,
+                        moved: Vec::with_capacity(self.live),
+                    },
                     None => {
+                        slots.allow_spares();
                         self.compaction.failed(now_tick, &shared.clock);
                         return false;
                     }
-                    Some(false) => Phase::Surveying {
+                }
+            }
+            Phase::Surveying {
+                mut survey,
+                walked: false,
+                classified,
+                moved,
+            } => {
+                let walked = slots.walk_survey(&mut survey, PIECE);
+                Phase::Surveying {
+                    survey,
+                    walked,
+                    classified,
+                    moved,
+                }
+            }
+            Phase::Surveying {
+                mut survey,
+                walked: true,
+                mut classified,
+                mut moved,
+            } => {
+                let end = survey.below().min(classified.saturating_add(PIECE));
+                let staged = (classified..end).any(|index| {
+                    match slots.classify(&mut survey, index) {
+                        SlotClass::Movable => moved.push(index),
+                        SlotClass::Staged => return true,
+                        SlotClass::Free | SlotClass::Suspect => {}
+                    }
+                    false
+                });
+                classified = end;
+                if staged {
+                    slots.abandon(survey);
+                    slots.allow_spares();
+                    self.compaction.failed(now_tick, &shared.clock);
+                    return false;
+                }
+                if classified < survey.below() {
+                    Phase::Surveying {
                         survey,
-                        walked,
+                        walked: true,
                         classified,
-                        free,
-                        newest,
                         moved,
-                    },
-                    Some(true) => {
-                        // Spare slots are FREE off the list: none kept from the flush until
-                        // the list is emptied.
-                        slots.refuse_spares();
-                        self.stages.flush_spares(&shared.stages, slots);
-                        let retired = (free == survey.on_list())
-                            .then(|| slots.retire(&survey, &moved, newest))
-                            .flatten();
-                        slots.allow_spares();
-                        let Some(base) = retired else {
-                            self.compaction.failed(now_tick, &shared.clock);
-                            return false;
-                        };
-                        self.compaction.retired_below = base;
-                        self.compaction.backoff = 0;
-                        self.compaction.failures = 0;
-                        if let Some(last) = (moved.len() as u32).checked_sub(1) {
-                            self.entries.grow_to_hold(base + last);
-                        }
-                        Phase::Moving {
-                            moved,
-                            base,
-                            done: 0,
-                        }
+                    }
+                } else {
+                    let retired = slots.retire(survey, &moved);
+                    slots.allow_spares();
+                    let Some((base, survey)) = retired else {
+                        self.compaction.failed(now_tick, &shared.clock);
+                        return false;
+                    };
+                    self.compaction.retired_below = survey.below();
+                    self.compaction.backoff = 0;
+                    self.compaction.failures = 0;
+                    if let Some(last) = (moved.len() as u32).checked_sub(1) {
+                        self.entries.grow_to_hold(base + last);
+                    }
+                    Phase::Moving {
+                        survey,
+                        moved,
+                        base,
+                        done: 0,
                     }
                 }
             }
-            Phase::Moving { moved, base, done } => {
+            Phase::Moving {
+                survey,
+                moved,
+                base,
+                done,
+            } => {
                 let end = moved.len().min(done + MOVES);
                 for (rank, &index) in moved.iter().enumerate().take(end).skip(done) {
-                    self.move_entry(slots, index, base + rank as u32);
+                    let stashed = survey.is_marked(index);
+                    self.move_entry(slots, index, base + rank as u32, stashed);
                 }
                 if end < moved.len() {
                     Phase::Moving {
+                        survey,
                         moved,
                         base,
                         done: end,
                     }
                 } else {
-                    self.entries.drop_below(base);
+                    self.entries.drop_below(survey.below());
                     Phase::Forgetting { from: 0 }
                 }
             }
@@ -243,37 +260,10 @@ impl ShardOwner {
             && self.live as u64 * SPARSE <= end
     }
 
-    /// Classifies the next [`PIECE`] slots of the survey (step 2): `Some(true)` once all are,
-    /// `None` if one cannot be moved now or the list changed.
-    fn classify(
-        &self,
-        slots: &SlotTable,
-        survey: &Survey,
-        classified: &mut u32,
-        free: &mut u64,
-        newest: &mut u32,
-        moved: &mut Vec<u32>,
-    ) -> Option<bool> {
-        if !slots.survey_holds(survey) {
-            return None;
-        }
-        let end = survey.below().min(classified.saturating_add(PIECE));
-        for index in *classified..end {
-            match slots.classify(index, newest) {
-                SlotClass::Free => *free += 1,
-                SlotClass::Held if self.entries.has_task(index) => moved.push(index),
-                SlotClass::Running | SlotClass::Ended => moved.push(index),
-                SlotClass::Held | SlotClass::Unmovable => return None,
-            }
-        }
-        *classified = end;
-        Some(end == survey.below())
-    }
-
-    /// Moves timer `index` to slot `new` (step 4): its slot, its entry if the shard holds it,
-    /// and its place in the wheel.
-    fn move_entry(&mut self, slots: &SlotTable, index: u32, new: u32) {
-        let moved = slots.move_slot(index, new);
+    /// Moves timer `index` to slot `new` (step 5): its slot, its entry if the shard holds it,
+    /// and its place in the wheel. `stashed`: see [`SlotTable::move_slot`].
+    fn move_entry(&mut self, slots: &SlotTable, index: u32, new: u32, stashed: bool) {
+        let moved = slots.move_slot(index, new, stashed);
         if !moved || self.entries.position(index).is_none() {
             // Freed before its move (its entry vacant), or ended with handles: no entry.
             return;

@@ -1,13 +1,13 @@
 //! The slot table's free list: a lock-free, tagged Treiber stack threaded through the FREE
 //! slots' state words (each FREE word holds the next free slot + 1, see [`word`](super::word)).
 //!
-//! The head (`SlotTable::free_head`) is `RETIRED | tag << 32 | (index + 1)`, 0 in the low
-//! half when empty. The tag (31 bits) changes on every push and pop, so a stale
+//! The head (`SlotTable::free_head`) is `RETIRED | RETIRING | tag << 32 | (index + 1)`, 0 in
+//! the low half when empty. The tag (30 bits) changes on every push and pop, so a stale
 //! compare-and-swap fails (no ABA); the [reclaim](super::reclaim) and the
-//! [compaction](super::compact) rely on it too. `RETIRED` (bit 63) is set by a compaction and
-//! kept by every push and pop until the next reclaim: a free of a retired slot that finds it
-//! gives the slot up instead of pushing it (only the last handle of an ended timer, freed
-//! between the compaction's commit and its move, can make one).
+//! [compaction](super::compact) rely on it too. A compaction marks the head `RETIRING` while
+//! it surveys the table, then `RETIRED` until the next reclaim; every push and pop keeps the
+//! marks. A free of a slot below the compaction's bound that finds one does not list the slot:
+//! it stashes it (`RETIRING`) or gives it up (`RETIRED`), see [`push_freed`](SlotTable::push_freed).
 //!
 //! The shard frees the slots of the timers its messages cancel into a [`Freed`] chain first,
 //! threaded through their FREE words like the list itself and pushed in one exchange at the
@@ -19,18 +19,20 @@
 use super::SlotTable;
 use super::word::{FREE, GENERATION_MASK, GENERATION_SHIFT, NEXT_FREE_MASK, NEXT_FREE_SHIFT};
 use super::word::{generation_of, is_unreferenced, lifecycle_of};
-use crate::sync::Ordering;
+use crate::sync::{Ordering, thread};
 
-/// The free list's head is marked: a compaction retired the slots below
-/// `Retirement::below` (see the [module documentation](self)).
+/// The free list's head is marked: a compaction retired the slots below its bound (see the
+/// [module documentation](self)).
 pub(super) const RETIRED: u64 = 1 << 63;
+/// The free list's head is marked: a compaction is surveying the slots below its bound.
+pub(super) const RETIRING: u64 = 1 << 62;
 /// The tag's bits in the head, once shifted down by 32.
-const TAG_MASK: u64 = (1 << 31) - 1;
+const TAG_MASK: u64 = (1 << 30) - 1;
 
-/// The head after one push or pop of `head`: the tag bumped, `RETIRED` kept, `link` (a slot
+/// The head after one push or pop of `head`: the tag bumped, the marks kept, `link` (a slot
 /// + 1, or 0) on top.
 pub(super) fn next_head(head: u64, link: u32) -> u64 {
-    head & RETIRED | ((head >> 32).wrapping_add(1) & TAG_MASK) << 32 | link as u64
+    head & (RETIRED | RETIRING) | ((head >> 32).wrapping_add(1) & TAG_MASK) << 32 | link as u64
 }
 
 /// Slots freed by their shard and not yet pushed onto the free list (see the
@@ -41,6 +43,13 @@ pub(crate) struct Freed {
     first: u32,
     /// The chain's last slot (meaningless when empty).
     last: u32,
+}
+
+impl Freed {
+    /// The chain from slot `first - 1` to slot `last`, already linked through their words.
+    pub(super) fn chained(first: u32, last: u32) -> Freed {
+        Freed { first, last }
+    }
 }
 
 impl SlotTable {
@@ -123,11 +132,21 @@ impl SlotTable {
         let last_word = last.load(Ordering::Relaxed);
         let mut head = self.free_head.load(Ordering::Acquire);
         loop {
-            // Acquire (above, or the failed exchange's): with `RETIRED`, the compaction's bound.
-            if head & RETIRED != 0 && freed.last < self.retirement.below() {
+            // Acquire (above, or the failed exchange's): with a mark, the compaction's bound.
+            if head & (RETIRED | RETIRING) != 0 && freed.last < self.retirement.below() {
+                // Only single frees meet a mark: the shard frees slots below the bound one by
+                // one while a compaction is on (see `let_go_into`).
                 debug_assert_eq!(freed.first, freed.last + 1, "a chain of retired slots");
+                if head & RETIRED != 0 {
+                    // Retired: the slot is dead.
+                    self.retirement.count_drop();
+                } else if !self.retirement.stash(self, freed.last) {
+                    // The stash is sealed: the survey is ending; look at the head again.
+                    thread::yield_now();
+                    head = self.free_head.load(Ordering::Acquire);
+                    continue;
+                }
                 *freed = Freed::default();
-                self.retirement.count_drop();
                 return;
             }
             let next = (head as u32) as u64;

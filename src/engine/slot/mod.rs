@@ -901,9 +901,7 @@ impl SlotTable {
     /// Frees a slot the shard just fired with no handle left (see [`FireOutcome::Fire`]).
     pub(crate) fn free_fired(&self, index: u32) {
         let word = self.word(index).load(Ordering::Acquire);
-        if !self.give_up_retired(index) {
-            self.free(index, word);
-        }
+        self.free(index, word);
     }
 
     /// The shard lets go of a cancelled slot (after dropping its task); frees it if no handle
@@ -917,10 +915,13 @@ impl SlotTable {
     /// [`let_go`](Self::let_go), freeing into the shard's chain `freed` (pushed onto the free
     /// list later, see [`free_list`]).
     pub(crate) fn let_go_into(&self, index: u32, freed: &mut Freed) {
-        if let Some(word) = self.let_go_unfreed(index)
-            && !self.give_up_retired(index)
-        {
-            self.free_into(index, word, freed);
+        if let Some(word) = self.let_go_unfreed(index) {
+            if index < self.retirement.below() {
+                // A compaction is on: freed alone, into its stash or given up (`push_freed`).
+                self.free(index, word);
+            } else {
+                self.free_into(index, word, freed);
+            }
         }
     }
 

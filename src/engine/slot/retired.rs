@@ -79,32 +79,82 @@ impl Retired {
     }
 }
 
-/// A table's retirement: the [`Retired`] map in force, if any, and the counts the reclaim
-/// needs (see [`compact`](super::compact)).
+/// A table's retirement: the [`Retired`] map in force, if any, the stash of a survey under way,
+/// and the counts the reclaim needs (see [`compact`](super::compact)).
 #[derive(Debug, Default)]
 pub(super) struct Retirement {
     /// The map in force; null if none. Written by the shard only.
     map: AtomicPtr<Retired>,
-    /// The map's bound while one is in force, else 0. Kept apart from the map, which a reclaim
-    /// may free: a free of a retired slot that saw the list marked `RETIRED` reads it.
+    /// The bound of the survey under way or of the map in force, else 0. Kept apart from the
+    /// map, which a reclaim may free: a free that saw the list's head marked reads it.
     below: AtomicU32,
+    /// Slots below `below` freed during a survey: their first + 1 (0: none), chained through
+    /// their FREE words like the free list; `SEALED` once the survey's step 4 took them.
+    stash: AtomicU64,
     /// Reserved slots left unused: their timers were freed before their move. They are never
     /// handed out nor listed, so the reclaim does not count them.
     unused: AtomicU64,
-    /// Frees of retired slots (found FREE by their move) that have not given their slot up yet:
-    /// one up for each such move, one down for each such free. The reclaim waits for 0.
+    /// Frees of retired slots, found freed by their move, that have not given the slot up yet:
+    /// one up for each such move, one down for each giving up. The reclaim waits for 0.
     drops_owed: AtomicU64,
 }
 
+/// The stash is sealed: step 4 of the survey took it.
+const SEALED: u64 = 1 << 63;
+
 impl Retirement {
+    /// The bound of the survey under way or the map in force (0 if none).
+    pub(super) fn below(&self) -> u32 {
+        self.below.load(Ordering::Relaxed)
+    }
+
+    /// The shard begins a survey of the slots below `below` (before it marks the list's head,
+    /// whose release publishes this).
+    pub(super) fn begin(&self, below: u32) {
+        debug_assert_eq!(self.below(), 0, "a survey while another retirement is on");
+        self.stash.store(0, Ordering::Relaxed);
+        self.below.store(below, Ordering::Relaxed);
+    }
+
+    /// A free, finding the list's head `RETIRING`, puts slot `index` (FREE, its holder's
+    /// alone) into the stash: false if the stash is sealed.
+    pub(super) fn stash(&self, table: &super::SlotTable, index: u32) -> bool {
+        let mut head = self.stash.load(Ordering::Acquire);
+        loop {
+            if head & SEALED != 0 {
+                return false;
+            }
+            table.set_next_free(index, head as u32);
+            match self.stash.compare_exchange_weak(
+                head,
+                (index + 1) as u64,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(actual) => head = actual,
+            }
+        }
+    }
+
+    /// The shard seals the stash: returns its chain's first slot + 1 (0: empty).
+    pub(super) fn seal_stash(&self) -> u32 {
+        self.stash.swap(SEALED, Ordering::AcqRel) as u32
+    }
+
+    /// The shard gave its survey up (after listing again what it took).
+    pub(super) fn end_survey(&self) {
+        debug_assert!(
+            !self.is_in_force(),
+            "a survey ended while its map is in force"
+        );
+        self.below.store(0, Ordering::Relaxed);
+        self.stash.store(0, Ordering::Release);
+    }
+
     /// Whether a map is in force.
     pub(super) fn is_in_force(&self) -> bool {
         !self.map.load(Ordering::Relaxed).is_null()
-    }
-
-    /// The bound of the map in force (0 if none).
-    pub(super) fn below(&self) -> u32 {
-        self.below.load(Ordering::Relaxed)
     }
 
     /// The shard puts `map` in force. Release: the map, for whoever reads a moved slot's 0
@@ -114,22 +164,21 @@ impl Retirement {
             !self.is_in_force(),
             "a second retirement while one is in force"
         );
-        self.below.store(map.below(), Ordering::Relaxed);
+        debug_assert_eq!(self.below(), map.below(), "a map for another survey");
         self.map
             .store(Box::into_raw(Box::new(map)), Ordering::Release);
     }
 
-    /// The shard takes back a map nobody has used (its compaction failed before any slot was
-    /// retired), or ends the one in force (at a reclaim, or when the table is dropped).
+    /// The shard ends the retirement in force (at a reclaim, or when the table is dropped).
     pub(super) fn withdraw(&self) {
         let map = self.map.swap(std::ptr::null_mut(), Ordering::AcqRel);
         self.below.store(0, Ordering::Relaxed);
+        self.stash.store(0, Ordering::Relaxed);
         self.unused.store(0, Ordering::Relaxed);
         if !map.is_null() {
             // SAFETY: `map` came from `Box::into_raw` in `publish` and was in force until the
-            // swap above took it out; nobody can be reading it: before any slot was retired
-            // nobody had reason to, and a reclaim or drop comes only when no handle is left
-            // (see the module documentation).
+            // swap above took it out; nobody can be reading it: a reclaim or drop comes only
+            // when no handle is left (see the module documentation).
             drop(unsafe { Box::from_raw(map) });
         }
     }
@@ -150,10 +199,13 @@ impl Retirement {
         unsafe { self.map.load(Ordering::Acquire).as_ref() }.map_or(0, Retired::newest_offset)
     }
 
-    /// A move found its timer freed: its reserved slot stays unused, and the free owes a drop.
-    pub(super) fn count_unused(&self) {
+    /// A move found its timer freed: its reserved slot stays unused; `owed`: the free has yet
+    /// to give the slot up (it was not stashed).
+    pub(super) fn count_unused(&self, owed: bool) {
         self.unused.fetch_add(1, Ordering::Relaxed);
-        self.drops_owed.fetch_add(1, Ordering::Release);
+        if owed {
+            self.drops_owed.fetch_add(1, Ordering::Release);
+        }
     }
 
     /// Reserved slots left unused.
