@@ -15,101 +15,14 @@ use crate::sync::Arc;
 use crate::task::Task;
 use crate::wheel::raw::{LinkStore, Links, RawWheel};
 use compaction::Compaction;
+use entries::Entries;
 
 mod compaction;
+mod entries;
 
 /// Messages drained per turn before the shard looks at the wheel again, so a flood of
 /// submissions cannot delay expiry.
 pub(crate) const DRAIN_BATCH: usize = 16 * 1024;
-
-/// The owner's records of its timers, indexed like the slot table from `base` up, in two
-/// arrays: each timer's wheel links, and its task. Every wheel operation walks links, its
-/// neighbours' too, while only storing, firing and dropping a timer touch its task: kept apart,
-/// the links of four times as many timers share the cache. `base` is 0 but after a
-/// [compaction](ShardOwner::compact_if_sparse), which retired the slots below it.
-#[derive(Default)]
-struct Entries {
-    base: u32,
-    links: Vec<Links>,
-    tasks: Vec<Option<Task>>,
-}
-
-impl Entries {
-    /// No entries, for slots from `base` up.
-    fn from(base: u32) -> Entries {
-        Entries {
-            base,
-            ..Entries::default()
-        }
-    }
-
-    /// One past the highest slot the table has an entry for (stored or vacant).
-    fn end(&self) -> u64 {
-        self.base as u64 + self.links.len() as u64
-    }
-
-    /// Entries the table has room for.
-    fn capacity(&self) -> usize {
-        self.links.capacity()
-    }
-
-    /// Where slot `index`'s entry is in the arrays, if the table has one.
-    #[inline]
-    fn position(&self, index: u32) -> Option<usize> {
-        let position = index.checked_sub(self.base)? as usize;
-        (position < self.links.len()).then_some(position)
-    }
-
-    /// Grows the table to hold slot `index`, the new entries vacant.
-    fn grow_to_hold(&mut self, index: u32) {
-        let len = (index - self.base) as usize + 1;
-        if len > self.links.len() {
-            self.links.resize(len, Links::UNLINKED);
-            self.tasks.resize_with(len, || None);
-        }
-    }
-
-    /// The task place of slot `index`, which the table must hold.
-    #[inline]
-    fn task(&mut self, index: u32) -> &mut Option<Task> {
-        &mut self.tasks[index.wrapping_sub(self.base) as usize]
-    }
-
-    /// The links of slot `index`, which the table must hold.
-    #[inline]
-    fn links(&self, index: u32) -> &Links {
-        &self.links[index.wrapping_sub(self.base) as usize]
-    }
-
-    /// The links of slot `index`, which the table must hold.
-    #[inline]
-    fn links_mut(&mut self, index: u32) -> &mut Links {
-        &mut self.links[index.wrapping_sub(self.base) as usize]
-    }
-
-    /// Every task place, with its slot.
-    fn tasks_mut(&mut self) -> impl Iterator<Item = (u32, &mut Option<Task>)> {
-        let base = self.base;
-        (base..).zip(self.tasks.iter_mut())
-    }
-
-    /// Whether entry `index` holds a task.
-    fn has_task(&self, index: u32) -> bool {
-        self.position(index)
-            .is_some_and(|position| self.tasks[position].is_some())
-    }
-
-    /// Whether entry `index` is stored in the wheel.
-    fn is_linked(&self, index: u32) -> bool {
-        self.position(index)
-            .is_some_and(|position| self.links[position].is_linked())
-    }
-
-    /// Whether entry `index` holds nothing: no task, no place in the wheel.
-    fn is_vacant(&self, index: u32) -> bool {
-        !self.has_task(index) && !self.is_linked(index)
-    }
-}
 
 /// What the wheel works on: the owner's entries (links, and tasks for expiry) and the slots
 /// (deadlines).
@@ -127,9 +40,8 @@ impl<'a> Store<'a> {
 impl LinkStore for Store<'_> {
     #[inline]
     fn prefetch(&self, index: u32) {
-        if let Some(position) = self.entries.position(index) {
-            crate::prefetch::for_read::<Links>(&self.entries.links[position]);
-            crate::prefetch::for_read::<Option<Task>>(&self.entries.tasks[position]);
+        if self.entries.holds(index) {
+            self.entries.prefetch(index);
             crate::prefetch::for_read::<Slot>(self.slots.slot(index));
         }
     }
@@ -403,7 +315,7 @@ impl ShardOwner {
     /// Grows the entry table to hold slot `index` (it may have been given back while the
     /// shard was idle).
     fn ensure_entry(&mut self, index: u32) {
-        if self.entries.position(index).is_none() {
+        if !self.entries.holds(index) {
             self.entries.grow_to_hold(index);
             self.reclaim.saw_entries(index as u64 + 1);
         }
@@ -597,7 +509,7 @@ impl ShardOwner {
     #[cfg_attr(shardwheel_loom, allow(dead_code))] // Under loom the worker lets a panic through.
     pub(crate) fn wake_sleeps_after_failure(&mut self, handoff: &mut Handoff) {
         let shared = self.shared.clone();
-        for (index, task) in self.entries.tasks_mut() {
+        for (index, task, _) in self.entries.iter_mut() {
             if !task.as_ref().is_some_and(Task::runs_inline) {
                 continue;
             }
@@ -638,11 +550,10 @@ impl ShardOwner {
         let shared = self.shared.clone();
         let mut unfired = Vec::new();
         let entries = &mut self.entries;
-        for position in 0..entries.tasks.len() {
-            let Some(task) = entries.tasks[position].take() else {
+        for (index, task, links) in entries.iter_mut() {
+            let Some(task) = task.take() else {
                 continue;
             };
-            let index = entries.base + position as u32;
             let deadline = shared.slots.deadline(index);
             if shared.slots.cancel_for_shutdown(index) {
                 shared.count_cancelled(1);
@@ -657,7 +568,7 @@ impl ShardOwner {
             } else {
                 handoff.discard(task);
             }
-            entries.links[position] = Links::UNLINKED;
+            *links = Links::UNLINKED;
             shared.slots.let_go(index);
         }
         self.wheel = RawWheel::new(1);
@@ -672,9 +583,11 @@ impl Drop for ShardOwner {
     /// Tasks still stored (only when a failed shard's owner goes without `close`, or a test
     /// drops an owner) are user code: dropped contained, after the entry table left the owner.
     fn drop(&mut self) {
-        let entries = std::mem::take(&mut self.entries);
-        for task in entries.tasks.into_iter().flatten() {
-            drop_contained(&self.shared.counters, task);
+        let mut entries = std::mem::take(&mut self.entries);
+        for (_, task, _) in entries.iter_mut() {
+            if let Some(task) = task.take() {
+                drop_contained(&self.shared.counters, task);
+            }
         }
     }
 }
@@ -840,7 +753,7 @@ mod tests {
         assert!(pieces > 3, "compacted in {pieces} pieces");
         let retired = shared.slots.retired_below();
         assert!(retired as usize >= count, "retired below {retired}");
-        assert_eq!(owner.entries.base, retired);
+        assert_eq!(owner.entries.base(), retired);
         assert_eq!(owner.live, count.div_ceil(10));
         // The handles follow their timers: state, cancel, reset (later and earlier), clone.
         assert_eq!(handles[3].as_ref().unwrap().state(), TimerState::Expired);
@@ -888,7 +801,7 @@ mod tests {
         owner.reclaim_idle_memory(3000);
         run_housekeeping(&mut owner, 3000);
         assert_eq!(shared.slots.retired_below(), 0);
-        assert_eq!(owner.entries.base, 0);
+        assert_eq!(owner.entries.base(), 0);
         assert_eq!(shared.slots.allocate().map(|(index, _)| index), Some(0));
     }
 

@@ -19,7 +19,7 @@
 //! a timer at its old slot before its move and at its new one after
 //! ([`ShardOwner::current`]).
 
-use super::{Entries, ShardOwner, Store};
+use super::{ShardOwner, Store};
 use crate::clock::TickClock;
 use crate::engine::reclaim::{RECLAIM_DELAY, RECLAIM_RETRY_MAX};
 use crate::engine::slot::{COMPACT_ABOVE, SlotClass, SlotTable, Survey};
@@ -204,6 +204,7 @@ impl ShardOwner {
                     self.compaction.retired_below = survey.below();
                     self.compaction.backoff = 0;
                     self.compaction.failures = 0;
+                    self.entries.split_at(survey.below());
                     if let Some(last) = (moved.len() as u32).checked_sub(1) {
                         self.entries.grow_to_hold(base + last);
                     }
@@ -234,7 +235,7 @@ impl ShardOwner {
                         done: end,
                     }
                 } else {
-                    self.entries.drop_below(survey.below());
+                    let_go_of(self.entries.take_below());
                     Phase::Forgetting { from: 0 }
                 }
             }
@@ -264,7 +265,7 @@ impl ShardOwner {
     /// and its place in the wheel. `stashed`: see [`SlotTable::move_slot`].
     fn move_entry(&mut self, slots: &SlotTable, index: u32, new: u32, stashed: bool) {
         let moved = slots.move_slot(index, new, stashed);
-        if !moved || self.entries.position(index).is_none() {
+        if !moved || !self.entries.holds(index) {
             // Freed before its move (its entry vacant), or ended with handles: no entry.
             return;
         }
@@ -284,21 +285,18 @@ impl ShardOwner {
     }
 }
 
-/// Entries below a retired bound go once their timers moved.
-impl Entries {
-    /// Drops the entries below `base` (all vacant: their timers moved), keeping the rest.
-    pub(super) fn drop_below(&mut self, base: u32) {
-        let keep = (base - self.base) as usize;
-        debug_assert!(
-            self.tasks[..keep].iter().all(Option::is_none),
-            "a compaction left a task behind"
-        );
-        let links = self.links.split_off(keep);
-        let tasks = self.tasks.split_off(keep);
-        let mut old = std::mem::replace(self, Entries { base, links, tasks });
-        // SAFETY: every task below `keep` is `None` (asserted above in debug builds: the moves
-        // took them all), so no element needs dropping; only the buffer is freed. This skips a
-        // pass over memory about to be given back.
-        unsafe { old.tasks.set_len(0) };
+/// Lets go of what a compaction no longer needs (the retired slots' entries, all vacant) on a
+/// thread of its own: giving back that much memory takes milliseconds the shard's timers
+/// should not wait for.
+fn let_go_of<T: Send + 'static>(memory: T) {
+    #[cfg(not(shardwheel_loom))]
+    {
+        // Without a thread (the process at its limit), the closure, and the memory with it, is
+        // let go of here.
+        let _ = std::thread::Builder::new()
+            .name("shardwheel-compaction".into())
+            .spawn(move || drop(memory));
     }
+    #[cfg(shardwheel_loom)]
+    drop(memory);
 }

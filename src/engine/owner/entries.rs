@@ -1,0 +1,208 @@
+//! The owner's entry table: each timer's wheel links and task, indexed like the slot table.
+
+use crate::task::Task;
+use crate::wheel::raw::Links;
+
+/// The owner's records of its timers, indexed like the slot table, in two arrays: each timer's
+/// wheel links, and its task. Every wheel operation walks links, its neighbours' too, while
+/// only storing, firing and dropping a timer touch its task: kept apart, the links of four
+/// times as many timers share the cache.
+///
+/// The arrays start at slot `base` of the top [`Segment`]: 0, but after a compaction (see
+/// `compaction`), which retired the slots below it. While a compaction moves timers, the
+/// entries of the retired slots not moved yet stay in a second segment, `below`.
+#[derive(Default)]
+pub(super) struct Entries {
+    top: Segment,
+    below: Option<Box<Segment>>,
+}
+
+/// Entries for the slots from `base` up.
+#[derive(Default)]
+pub(super) struct Segment {
+    base: u32,
+    links: Vec<Links>,
+    tasks: Vec<Option<Task>>,
+}
+
+impl Segment {
+    /// Where slot `index`'s entry is in the arrays, if the segment has one.
+    #[inline]
+    fn position(&self, index: u32) -> Option<usize> {
+        let position = index.checked_sub(self.base)? as usize;
+        (position < self.links.len()).then_some(position)
+    }
+
+    /// The position of slot `index`, which the segment must hold.
+    #[inline]
+    fn at(&self, index: u32) -> usize {
+        index.wrapping_sub(self.base) as usize
+    }
+
+    /// Grows the segment to hold slot `index`, the new entries vacant.
+    fn grow_to_hold(&mut self, index: u32) {
+        let len = (index - self.base) as usize + 1;
+        if len > self.links.len() {
+            self.links.resize(len, Links::UNLINKED);
+            self.tasks.resize_with(len, || None);
+        }
+    }
+}
+
+impl Entries {
+    /// No entries, for slots from `base` up.
+    pub(super) fn from(base: u32) -> Entries {
+        Entries {
+            top: Segment {
+                base,
+                ..Segment::default()
+            },
+            below: None,
+        }
+    }
+
+    /// The first slot of the top segment (0 unless a compaction retired the slots below).
+    pub(super) fn base(&self) -> u32 {
+        self.top.base
+    }
+
+    /// One past the highest slot the table has an entry for (stored or vacant).
+    pub(super) fn end(&self) -> u64 {
+        self.top.base as u64 + self.top.links.len() as u64
+    }
+
+    /// Entries the table has room for.
+    pub(super) fn capacity(&self) -> usize {
+        self.top.links.capacity()
+            + self
+                .below
+                .as_ref()
+                .map_or(0, |below| below.links.capacity())
+    }
+
+    /// The segment of slot `index`.
+    #[inline]
+    fn segment(&self, index: u32) -> &Segment {
+        match &self.below {
+            Some(below) if index < self.top.base => below,
+            _ => &self.top,
+        }
+    }
+
+    /// The segment of slot `index`.
+    #[inline]
+    fn segment_mut(&mut self, index: u32) -> &mut Segment {
+        match &mut self.below {
+            Some(below) if index < self.top.base => below,
+            _ => &mut self.top,
+        }
+    }
+
+    /// Whether the table has an entry (stored or vacant) for slot `index`.
+    #[inline]
+    pub(super) fn holds(&self, index: u32) -> bool {
+        self.segment(index).position(index).is_some()
+    }
+
+    /// Grows the table to hold slot `index`, the new entries vacant.
+    pub(super) fn grow_to_hold(&mut self, index: u32) {
+        self.segment_mut(index).grow_to_hold(index);
+    }
+
+    /// The task place of slot `index`, which the table must hold.
+    #[inline]
+    pub(super) fn task(&mut self, index: u32) -> &mut Option<Task> {
+        let segment = self.segment_mut(index);
+        let at = segment.at(index);
+        &mut segment.tasks[at]
+    }
+
+    /// The links of slot `index`, which the table must hold.
+    #[inline]
+    pub(super) fn links(&self, index: u32) -> &Links {
+        let segment = self.segment(index);
+        &segment.links[segment.at(index)]
+    }
+
+    /// The links of slot `index`, which the table must hold.
+    #[inline]
+    pub(super) fn links_mut(&mut self, index: u32) -> &mut Links {
+        let segment = self.segment_mut(index);
+        let at = segment.at(index);
+        &mut segment.links[at]
+    }
+
+    /// Hints the processor to fetch slot `index`'s entry, if the table holds it.
+    #[inline]
+    pub(super) fn prefetch(&self, index: u32) {
+        let segment = self.segment(index);
+        if let Some(at) = segment.position(index) {
+            crate::prefetch::for_read::<Links>(&segment.links[at]);
+            crate::prefetch::for_read::<Option<Task>>(&segment.tasks[at]);
+        }
+    }
+
+    /// Whether entry `index` holds a task.
+    pub(super) fn has_task(&self, index: u32) -> bool {
+        let segment = self.segment(index);
+        segment
+            .position(index)
+            .is_some_and(|at| segment.tasks[at].is_some())
+    }
+
+    /// Whether entry `index` is stored in the wheel.
+    pub(super) fn is_linked(&self, index: u32) -> bool {
+        let segment = self.segment(index);
+        segment
+            .position(index)
+            .is_some_and(|at| segment.links[at].is_linked())
+    }
+
+    /// Whether entry `index` holds nothing: no task, no place in the wheel.
+    pub(super) fn is_vacant(&self, index: u32) -> bool {
+        !self.has_task(index) && !self.is_linked(index)
+    }
+
+    /// Every entry's slot, task place and links, both segments.
+    pub(super) fn iter_mut(
+        &mut self,
+    ) -> impl Iterator<Item = (u32, &mut Option<Task>, &mut Links)> {
+        self.below
+            .as_deref_mut()
+            .into_iter()
+            .chain(std::iter::once(&mut self.top))
+            .flat_map(|segment| {
+                let base = segment.base;
+                (base..).zip(segment.tasks.iter_mut().zip(segment.links.iter_mut()))
+            })
+            .map(|(index, (task, links))| (index, task, links))
+    }
+
+    /// A compaction retired the slots below `base`: from now on they are in a segment of
+    /// their own, below a new top segment from `base` (which takes the entries from `base` up).
+    pub(super) fn split_at(&mut self, base: u32) {
+        debug_assert!(self.below.is_none(), "the entry table split twice");
+        let keep = (base - self.top.base) as usize;
+        let mut top = Segment {
+            base,
+            ..Segment::default()
+        };
+        if keep < self.top.links.len() {
+            top.links = self.top.links.split_off(keep);
+            top.tasks = self.top.tasks.split_off(keep);
+        }
+        self.below = Some(Box::new(std::mem::replace(&mut self.top, top)));
+    }
+
+    /// The moves are done: takes the segment below (every entry vacant), to be let go of.
+    pub(super) fn take_below(&mut self) -> Option<Box<Segment>> {
+        let below = self.below.take();
+        debug_assert!(
+            below
+                .as_ref()
+                .is_none_or(|below| below.tasks.iter().all(Option::is_none)),
+            "a compaction left a task behind"
+        );
+        below
+    }
+}
