@@ -30,9 +30,9 @@ const SPARSE: u64 = 8;
 /// How long the shard must have been sparse before it compacts.
 const SPARSE_FOR: Duration = Duration::from_millis(100);
 /// Slots a piece of the survey walks (and classifies), or of the forgetting gives back.
-const PIECE: u32 = 1 << 16;
+const PIECE: u32 = 1 << 15;
 /// Timers a piece of the moves moves.
-const MOVES: usize = 1 << 12;
+const MOVES: usize = 1 << 11;
 /// Failed surveys in a row after which the shard stops waking up to try again (it still tries
 /// at turns it makes anyway).
 const WAKES: u32 = 8;
@@ -205,9 +205,8 @@ impl ShardOwner {
                     self.compaction.backoff = 0;
                     self.compaction.failures = 0;
                     self.entries.split_at(survey.below());
-                    if let Some(last) = (moved.len() as u32).checked_sub(1) {
-                        self.entries.grow_to_hold(base + last);
-                    }
+                    // Room for the moved timers, touched only as they arrive.
+                    self.entries.reserve(moved.len());
                     Phase::Moving {
                         survey,
                         moved,
@@ -265,6 +264,7 @@ impl ShardOwner {
     /// and its place in the wheel. `stashed`: see [`SlotTable::move_slot`].
     fn move_entry(&mut self, slots: &SlotTable, index: u32, new: u32, stashed: bool) {
         let moved = slots.move_slot(index, new, stashed);
+        self.entries.grow_to_hold(new);
         if !moved || !self.entries.holds(index) {
             // Freed before its move (its entry vacant), or ended with handles: no entry.
             return;

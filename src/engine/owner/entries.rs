@@ -109,6 +109,12 @@ impl Entries {
         self.segment_mut(index).grow_to_hold(index);
     }
 
+    /// Makes room in the top segment for `additional` more entries, without touching it.
+    pub(super) fn reserve(&mut self, additional: usize) {
+        self.top.links.reserve_exact(additional);
+        self.top.tasks.reserve_exact(additional);
+    }
+
     /// The task place of slot `index`, which the table must hold.
     #[inline]
     pub(super) fn task(&mut self, index: u32) -> &mut Option<Task> {
