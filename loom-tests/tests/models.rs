@@ -562,6 +562,102 @@ fn slot_reclaim_vs_free_and_allocate() {
     });
 }
 
+/// A compaction (`engine/slot/compact.rs`) moving a pending timer against a handle's lazy
+/// reset of it: either the move copies the reset's deadline, or the reset sees the move (its
+/// deadline lock, then 0) and resets the timer's new slot. The reset succeeds, and the timer
+/// never fires before the deadline it set.
+#[test]
+fn compaction_move_vs_lazy_reset() {
+    model(|| {
+        let table = Arc::new(SlotTableHook::default());
+        // A freed slot (on the list), then a pending timer due at tick 1, held by the shard.
+        let (free, free_generation) = table.allocate().unwrap();
+        table.begin(free, free_generation);
+        assert!(table.cancel(free, free_generation));
+        table.let_go(free);
+        table.drop_handle(free);
+        let (live, generation) = table.allocate().unwrap();
+        table.begin(live, generation);
+        let user = {
+            let table = table.clone();
+            thread::spawn(move || table.reset_lazy(live, generation, 5))
+        };
+        let moves = table.compact();
+        let reset = user.join().unwrap();
+        assert!(
+            reset,
+            "the reset of a pending timer failed (moves {moves:?})"
+        );
+        let now = table.current(live);
+        assert_eq!(
+            table.fire(now, 4),
+            Err(5),
+            "the timer (moves {moves:?}) is not due at 5, where the reset put it"
+        );
+        assert_eq!(table.fire(now, 5), Ok(()));
+        table.drop_handle(live);
+    });
+}
+
+/// A compaction against the last handle of an ended timer going (its slot freed before,
+/// during or after the survey: onto the list, into the stash, or given up) and a new
+/// allocation: the new timer never gets a retired slot or one in use, the pending timer is
+/// moved whole, and once everything is let go of the table can be reclaimed (every count of
+/// the compaction settles).
+#[test]
+fn compaction_vs_free_and_allocate() {
+    model(|| {
+        let table = Arc::new(SlotTableHook::default());
+        let mut timers = Vec::new();
+        for _ in 0..3 {
+            let (index, generation) = table.allocate().unwrap();
+            table.begin(index, generation);
+            timers.push((index, generation));
+        }
+        // Timer 0 is free, timer 1 ended with the user's handle left, timer 2 is pending.
+        for &(index, generation) in &timers[..2] {
+            assert!(table.cancel(index, generation));
+            table.let_go(index);
+        }
+        table.drop_handle(timers[0].0);
+        let user = {
+            let (table, ended) = (table.clone(), timers[1].0);
+            thread::spawn(move || {
+                table.drop_handle(ended);
+                let (index, generation) = table.allocate().unwrap();
+                table.begin(index, generation);
+                (index, generation)
+            })
+        };
+        thread::yield_now();
+        let moves = table.compact();
+        let new = user.join().unwrap();
+        let pending = timers[2];
+        assert!(
+            table.is_pending(new.0, new.1),
+            "the new timer {new:?} is not pending (moves {moves:?})"
+        );
+        assert!(
+            table.is_pending(pending.0, pending.1),
+            "the pending timer {pending:?} was lost (moves {moves:?})"
+        );
+        assert_ne!(
+            table.current(new.0),
+            table.current(pending.0),
+            "two timers in one slot (moves {moves:?})"
+        );
+        for (index, generation) in [new, pending] {
+            assert!(table.cancel(index, generation));
+            table.let_go(table.current(index));
+            table.drop_handle(index);
+        }
+        assert!(
+            table.try_reclaim(),
+            "every slot is free, yet the table cannot be reclaimed (moves {moves:?})"
+        );
+    });
+}
+
 /// A producer's spare slots against the shard's reclaim (`engine/slot/spares.rs`): the
 /// producer's first timer was retracted into its spares; the producer then takes a slot for
 /// its next timer (the spare, or one from the free list if the shard flushed it there) while

@@ -62,6 +62,7 @@ impl Entries {
     }
 
     /// The first slot of the top segment (0 unless a compaction retired the slots below).
+    #[cfg(test)]
     pub(super) fn base(&self) -> u32 {
         self.top.base
     }

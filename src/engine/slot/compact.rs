@@ -78,7 +78,7 @@ use super::{FRESH_COUNT_MASK, MAX_SLOTS, SEALED, SlotTable};
 use crate::sync::Ordering;
 
 /// A shard compacts its table only when more slots than this were handed out.
-pub(crate) const COMPACT_ABOVE: u64 = if cfg!(shardwheel_loom) { 0 } else { 1 << 16 };
+pub(crate) const COMPACT_ABOVE: u64 = 1 << 16;
 
 /// A compaction's steps 1 to 4 (see the [module documentation](self)).
 #[derive(Debug)]
@@ -286,11 +286,12 @@ impl SlotTable {
     /// Lists again what a survey took (the walked taken list, its kept slots, the stash's
     /// chain: first slot + 1, or 0; last slot), clears `RETIRING`, and ends the survey.
     fn relist(&self, survey: &Survey, stash: (u32, u32)) {
+        // First the marks: pushed under `RETIRING`, these slots would go to the (sealed) stash.
+        self.mark_head(|head| head & !RETIRING);
+        self.retirement.end_survey();
         self.push_chain(survey.taken);
         self.push_chain(survey.keep);
         self.push_chain(stash);
-        self.mark_head(|head| head & !RETIRING);
-        self.retirement.end_survey();
     }
 
     /// Changes the free list head's marks by `mark`, whatever its content.

@@ -2,7 +2,7 @@
 //! through the public API it needs thousands of timers. Compiled under `cfg(shardwheel_loom)` only; not
 //! part of the API.
 
-use super::{Reclaim, SlotTable, Spares};
+use super::{FireOutcome, LazyReset, Reclaim, SlotClass, SlotTable, Spares};
 
 /// A slot table for the loom models of its reclaim protocol, with one producer's spare slots.
 /// Not part of the API.
@@ -63,6 +63,60 @@ impl SlotTableHook {
     /// [`SlotTable::drop_handle`].
     pub fn drop_handle(&self, index: u32) {
         self.0.drop_handle(index);
+    }
+    /// A whole compaction as the shard makes it (`SlotTable::survey` to `move_slot`), with no
+    /// turns between its pieces, whatever the table's size: the moves made, `(old, new)`, or
+    /// `None` if it gave up.
+    pub fn compact(&self) -> Option<Vec<(u32, u32)>> {
+        let table = &self.0;
+        let mut survey = table.survey(0)?;
+        while !table.walk_survey(&mut survey, u32::MAX) {}
+        let mut moved = Vec::new();
+        for index in 0..survey.below() {
+            match table.classify(&mut survey, index) {
+                SlotClass::Movable => moved.push(index),
+                SlotClass::Staged => {
+                    table.abandon(survey);
+                    return None;
+                }
+                SlotClass::Free | SlotClass::Suspect => {}
+            }
+        }
+        let (base, survey) = table.retire(survey, &moved)?;
+        let mut moves = Vec::new();
+        for (rank, &old) in moved.iter().enumerate() {
+            let new = base + rank as u32;
+            if table.move_slot(old, new, survey.is_marked(old)) {
+                moves.push((old, new));
+            }
+        }
+        table.forget_retired(0, survey.below());
+        Some(moves)
+    }
+    /// [`SlotTable::current`]: where the shard finds the timer of slot `index` now.
+    pub fn current(&self, index: u32) -> u32 {
+        self.0.current(index)
+    }
+    /// [`SlotTable::reset_lazy`] of a one-shot timer: true iff done.
+    pub fn reset_lazy(&self, index: u32, generation: u32, deadline: u64) -> bool {
+        matches!(
+            self.0.reset_lazy(index, generation, deadline),
+            LazyReset::Done { .. }
+        )
+    }
+    /// [`SlotTable::fire`] of the one-shot timer the shard holds in slot `index` at tick
+    /// `due`: `Ok(())` if it fired, `Err(tick)` if its deadline is later, `Err(0)` if cancelled.
+    pub fn fire(&self, index: u32, due: u64) -> Result<(), u64> {
+        match self.0.fire(index, due, false) {
+            FireOutcome::Fire { free } => {
+                if free {
+                    self.0.free_fired(index);
+                }
+                Ok(())
+            }
+            FireOutcome::Later(tick) => Err(tick),
+            _ => Err(0),
+        }
     }
     /// [`SlotTable::try_reclaim`] whatever the table's size; true iff it reclaimed.
     pub fn try_reclaim(&self) -> bool {

@@ -157,8 +157,10 @@ impl Pages {
         for offset in offset..offset + used {
             // SAFETY: as in `slot_if_present`; `offset + used <= page_len(page)`.
             let slot = unsafe { &*base.add(offset) };
-            slot.state.store(0, Ordering::Relaxed);
-            slot.deadline.store(0, Ordering::Relaxed);
+            // Release: a reader of these zeros sees what the caller wrote before (a compaction's
+            // moves, whose words read 0 already), as it would after `madvise`'s barriers.
+            slot.state.store(0, Ordering::Release);
+            slot.deadline.store(0, Ordering::Release);
         }
     }
 }

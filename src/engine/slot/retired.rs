@@ -89,7 +89,8 @@ pub(super) struct Retirement {
     /// map, which a reclaim may free: a free that saw the list's head marked reads it.
     below: AtomicU32,
     /// Slots below `below` freed during a survey: their first + 1 (0: none), chained through
-    /// their FREE words like the free list; `SEALED` once the survey's step 4 took them.
+    /// their FREE words like the free list; `SEALED` from the survey's step 4 (which took them)
+    /// until the next survey begins.
     stash: AtomicU64,
     /// Reserved slots left unused: their timers were freed before their move. They are never
     /// handed out nor listed, so the reclaim does not count them.
@@ -142,14 +143,15 @@ impl Retirement {
         self.stash.swap(SEALED, Ordering::AcqRel) as u32
     }
 
-    /// The shard gave its survey up (after listing again what it took).
+    /// The shard gave its survey up (having cleared the list's mark). The stash stays sealed
+    /// until the next survey: a free that read the mark before it was cleared must not put a
+    /// slot there now (nobody would take it out), but look at the head again.
     pub(super) fn end_survey(&self) {
         debug_assert!(
             !self.is_in_force(),
             "a survey ended while its map is in force"
         );
         self.below.store(0, Ordering::Relaxed);
-        self.stash.store(0, Ordering::Release);
     }
 
     /// Whether a map is in force.
@@ -173,7 +175,6 @@ impl Retirement {
     pub(super) fn withdraw(&self) {
         let map = self.map.swap(std::ptr::null_mut(), Ordering::AcqRel);
         self.below.store(0, Ordering::Relaxed);
-        self.stash.store(0, Ordering::Relaxed);
         self.unused.store(0, Ordering::Relaxed);
         if !map.is_null() {
             // SAFETY: `map` came from `Box::into_raw` in `publish` and was in force until the

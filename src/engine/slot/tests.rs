@@ -364,3 +364,32 @@ fn spares_overflow_onto_the_list_and_are_flushed_before_a_reclaim() {
         );
     }
 }
+
+#[test]
+fn compaction_moves_a_pending_timer_and_handles_follow() {
+    let table = SlotTable::new();
+    let (free, free_generation) = table.allocate().unwrap();
+    table.begin(free, free_generation, 1, false);
+    assert!(table.cancel(free, free_generation));
+    table.let_go(free);
+    table.drop_handle(free);
+    let (live, generation) = table.allocate().unwrap();
+    table.begin(live, generation, 1, false);
+    let mut survey = table.survey(0).unwrap();
+    while !table.walk_survey(&mut survey, u32::MAX) {}
+    let mut moved = Vec::new();
+    for index in 0..survey.below() {
+        if table.classify(&mut survey, index) == SlotClass::Movable {
+            moved.push(index);
+        }
+    }
+    let (base, survey) = table.retire(survey, &moved).unwrap();
+    assert!(table.move_slot(moved[0], base, survey.is_marked(moved[0])));
+    assert_eq!(table.current(live), base);
+    assert!(table.is_pending(live, generation));
+    assert_eq!(
+        table.reset_lazy(live, generation, 5),
+        LazyReset::Done { earlier: false }
+    );
+    assert_eq!(table.fire(base, 4, false), FireOutcome::Later(5));
+}
