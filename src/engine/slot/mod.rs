@@ -309,26 +309,33 @@ impl SlotTable {
     /// 0). For handles and messages, which keep naming the old slot.
     #[inline]
     fn load_following(&self, index: &mut u32) -> u64 {
-        let mut word = self.word(*index).load(Ordering::Acquire);
-        while word == 0
-            && let Some(moved) = self.moved_to(*index)
-        {
-            *index = moved;
-            word = self.word(moved).load(Ordering::Acquire);
-        }
-        word
+        let word = self.word(*index).load(Ordering::Acquire);
+        self.follow(index, word)
     }
 
-    /// After a failed compare-and-swap read `word` in slot `*index`: if it is 0 and the slot's
-    /// timer was moved, the word of its new slot, which becomes `*index` (see
+    /// After reading `word` in slot `*index` (a load, or a failed compare-and-swap): if it is
+    /// 0 and the slot's timer was moved, the word of its new slot, which becomes `*index` (see
     /// [`load_following`](Self::load_following)).
     #[inline]
     fn follow(&self, index: &mut u32, word: u64) -> u64 {
-        if word == 0 {
-            self.load_following(index)
-        } else {
-            word
+        if word != 0 {
+            return word;
         }
+        self.follow_moved(index)
+    }
+
+    /// [`follow`](Self::follow) past a word read as 0.
+    #[cold]
+    #[inline(never)]
+    fn follow_moved(&self, index: &mut u32) -> u64 {
+        while let Some(moved) = self.moved_to(*index) {
+            *index = moved;
+            let word = self.word(moved).load(Ordering::Acquire);
+            if word != 0 {
+                return word;
+            }
+        }
+        0
     }
 
     /// A slot that has been handed out (its page exists).
@@ -595,6 +602,7 @@ impl SlotTable {
     }
 
     /// The timer's state as handle `(index, generation)` sees it.
+    #[inline]
     pub(crate) fn state(&self, index: u32, generation: u32) -> TimerState {
         let word = self.load_following(&mut { index });
         debug_assert_eq!(
