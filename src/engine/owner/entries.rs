@@ -26,10 +26,11 @@ pub(super) struct Segment {
 }
 
 impl Segment {
-    /// Where slot `index`'s entry is in the arrays, if the segment has one.
+    /// Where slot `index`'s entry is in the arrays, if the segment has one (below `base`, the
+    /// subtraction wraps to a position past the end).
     #[inline]
     fn position(&self, index: u32) -> Option<usize> {
-        let position = index.checked_sub(self.base)? as usize;
+        let position = self.at(index);
         (position < self.links.len()).then_some(position)
     }
 
@@ -81,28 +82,47 @@ impl Entries {
                 .map_or(0, |below| below.links.capacity())
     }
 
-    /// The segment of slot `index`.
+    /// The segment holding slot `index`'s entry (the top one, unless the slot is below it and
+    /// a segment below holds it), and its position there. Most of the table's users reach the
+    /// top segment at the cost of its bounds check alone.
     #[inline]
-    fn segment(&self, index: u32) -> &Segment {
-        match &self.below {
-            Some(below) if index < self.top.base => below,
-            _ => &self.top,
+    fn find(&self, index: u32) -> Option<(&Segment, usize)> {
+        match self.top.position(index) {
+            Some(at) => Some((&self.top, at)),
+            None => self.find_below(index),
         }
     }
 
-    /// The segment of slot `index`.
-    #[inline]
+    /// [`find`](Self::find) in the segment below.
+    #[cold]
+    fn find_below(&self, index: u32) -> Option<(&Segment, usize)> {
+        let below = self.below.as_deref()?;
+        Some((below, below.position(index)?))
+    }
+
+    /// [`find`](Self::find) in the segment below, for writing.
+    #[cold]
+    fn find_below_mut(&mut self, index: u32) -> Option<(&mut Segment, usize)> {
+        let below = self.below.as_deref_mut()?;
+        let at = below.position(index)?;
+        Some((below, at))
+    }
+
+    /// The segment slot `index` belongs in (to grow).
     fn segment_mut(&mut self, index: u32) -> &mut Segment {
+        if index >= self.top.base {
+            return &mut self.top;
+        }
         match &mut self.below {
-            Some(below) if index < self.top.base => below,
-            _ => &mut self.top,
+            Some(below) => below,
+            None => &mut self.top,
         }
     }
 
     /// Whether the table has an entry (stored or vacant) for slot `index`.
     #[inline]
     pub(super) fn holds(&self, index: u32) -> bool {
-        self.segment(index).position(index).is_some()
+        self.find(index).is_some()
     }
 
     /// Grows the table to hold slot `index`, the new entries vacant.
@@ -119,31 +139,49 @@ impl Entries {
     /// The task place of slot `index`, which the table must hold.
     #[inline]
     pub(super) fn task(&mut self, index: u32) -> &mut Option<Task> {
-        let segment = self.segment_mut(index);
-        let at = segment.at(index);
+        let at = self.top.at(index);
+        if at < self.top.tasks.len() {
+            return &mut self.top.tasks[at];
+        }
+        let (segment, at) = self
+            .find_below_mut(index)
+            .expect("an entry the table holds");
         &mut segment.tasks[at]
     }
 
     /// The links of slot `index`, which the table must hold.
     #[inline]
     pub(super) fn links(&self, index: u32) -> &Links {
-        let segment = self.segment(index);
-        &segment.links[segment.at(index)]
+        match self.top.links.get(self.top.at(index)) {
+            Some(links) => links,
+            None => self.links_below(index),
+        }
+    }
+
+    /// [`links`](Self::links) in the segment below.
+    #[cold]
+    fn links_below(&self, index: u32) -> &Links {
+        let (segment, at) = self.find_below(index).expect("an entry the table holds");
+        &segment.links[at]
     }
 
     /// The links of slot `index`, which the table must hold.
     #[inline]
     pub(super) fn links_mut(&mut self, index: u32) -> &mut Links {
-        let segment = self.segment_mut(index);
-        let at = segment.at(index);
+        let at = self.top.at(index);
+        if at < self.top.links.len() {
+            return &mut self.top.links[at];
+        }
+        let (segment, at) = self
+            .find_below_mut(index)
+            .expect("an entry the table holds");
         &mut segment.links[at]
     }
 
     /// Hints the processor to fetch slot `index`'s entry, if the table holds it.
     #[inline]
     pub(super) fn prefetch(&self, index: u32) {
-        let segment = self.segment(index);
-        if let Some(at) = segment.position(index) {
+        if let Some((segment, at)) = self.find(index) {
             crate::prefetch::for_read::<Links>(&segment.links[at]);
             crate::prefetch::for_read::<Option<Task>>(&segment.tasks[at]);
         }
@@ -151,18 +189,22 @@ impl Entries {
 
     /// Whether entry `index` holds a task.
     pub(super) fn has_task(&self, index: u32) -> bool {
-        let segment = self.segment(index);
-        segment
-            .position(index)
-            .is_some_and(|at| segment.tasks[at].is_some())
+        match self.top.tasks.get(self.top.at(index)) {
+            Some(task) => task.is_some(),
+            None => self
+                .find_below(index)
+                .is_some_and(|(segment, at)| segment.tasks[at].is_some()),
+        }
     }
 
     /// Whether entry `index` is stored in the wheel.
     pub(super) fn is_linked(&self, index: u32) -> bool {
-        let segment = self.segment(index);
-        segment
-            .position(index)
-            .is_some_and(|at| segment.links[at].is_linked())
+        match self.top.links.get(self.top.at(index)) {
+            Some(links) => links.is_linked(),
+            None => self
+                .find_below(index)
+                .is_some_and(|(segment, at)| segment.links[at].is_linked()),
+        }
     }
 
     /// Whether entry `index` holds nothing: no task, no place in the wheel.

@@ -1,7 +1,7 @@
 //! The slot table's free list: a lock-free, tagged Treiber stack threaded through the FREE
 //! slots' state words (each FREE word holds the next free slot + 1, see [`word`](super::word)).
 //!
-//! The head (`SlotTable::free_head`) is `RETIRED | RETIRING | tag << 32 | (index + 1)`, 0 in
+//! The head (`SlotTable::free_head`) is `tag << 34 | RETIRING | RETIRED | (index + 1)`, 0 in
 //! the low half when empty. The tag (30 bits) changes on every push and pop, so a stale
 //! compare-and-swap fails (no ABA); the [reclaim](super::reclaim) and the
 //! [compaction](super::compact) rely on it too. A compaction marks the head `RETIRING` while
@@ -23,16 +23,16 @@ use crate::sync::{Ordering, thread};
 
 /// The free list's head is marked: a compaction retired the slots below its bound (see the
 /// [module documentation](self)).
-pub(super) const RETIRED: u64 = 1 << 63;
+pub(super) const RETIRED: u64 = 1 << 32;
 /// The free list's head is marked: a compaction is surveying the slots below its bound.
-pub(super) const RETIRING: u64 = 1 << 62;
-/// The tag's bits in the head, once shifted down by 32.
-const TAG_MASK: u64 = (1 << 30) - 1;
+pub(super) const RETIRING: u64 = 1 << 33;
+/// One step of the tag (bits 34-63: it wraps without touching the marks).
+pub(super) const TAG_ONE: u64 = 1 << 34;
 
 /// The head after one push or pop of `head`: the tag bumped, the marks kept, `link` (a slot
 /// + 1, or 0) on top.
 pub(super) fn next_head(head: u64, link: u32) -> u64 {
-    head & (RETIRED | RETIRING) | ((head >> 32).wrapping_add(1) & TAG_MASK) << 32 | link as u64
+    (head & !(u32::MAX as u64)).wrapping_add(TAG_ONE) | link as u64
 }
 
 /// Slots freed by their shard and not yet pushed onto the free list (see the

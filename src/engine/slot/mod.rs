@@ -321,21 +321,36 @@ impl SlotTable {
         if word != 0 {
             return word;
         }
-        self.follow_moved(index)
+        let (moved, word) = self.follow_moved(*index);
+        *index = moved;
+        word
     }
 
-    /// [`follow`](Self::follow) past a word read as 0.
+    /// [`follow`](Self::follow) for a loop that keeps `*slot`, the word of slot `*index`.
+    #[inline]
+    fn follow_slot<'a>(&'a self, index: &mut u32, slot: &mut &'a AtomicU64, word: u64) -> u64 {
+        if word != 0 {
+            return word;
+        }
+        let (moved, word) = self.follow_moved(*index);
+        *index = moved;
+        *slot = self.word(moved);
+        word
+    }
+
+    /// [`follow`](Self::follow) past a word read as 0 in slot `index`: the slot holding its
+    /// timer now, and its word.
     #[cold]
     #[inline(never)]
-    fn follow_moved(&self, index: &mut u32) -> u64 {
-        while let Some(moved) = self.moved_to(*index) {
-            *index = moved;
+    fn follow_moved(&self, mut index: u32) -> (u32, u64) {
+        while let Some(moved) = self.moved_to(index) {
+            index = moved;
             let word = self.word(moved).load(Ordering::Acquire);
             if word != 0 {
-                return word;
+                return (index, word);
             }
         }
-        0
+        (index, 0)
     }
 
     /// A slot that has been handed out (its page exists).
@@ -520,8 +535,11 @@ impl SlotTable {
     /// Moves a one-shot timer's deadline in place (see the module documentation).
     pub(crate) fn reset_lazy(&self, index: u32, generation: u32, deadline: u64) -> LazyReset {
         let mut index = index;
+        let mut first_old = None;
         loop {
-            if let Some(reset) = self.reset_lazy_at(&mut index, generation, deadline) {
+            if let Some(reset) =
+                self.reset_lazy_at(&mut index, generation, deadline, &mut first_old)
+            {
                 return reset;
             }
         }
@@ -529,12 +547,28 @@ impl SlotTable {
 
     /// [`reset_lazy`](Self::reset_lazy) at slot `*index`; `None` if a compaction moved the
     /// timer meanwhile (the deadline it copied may not be ours): then `*index` is its new
-    /// slot, to reset again.
+    /// slot, to reset again. `first_old`: the deadline the first try swapped out, the one the
+    /// reset replaced (a try again swaps out a copy, maybe its own).
     #[inline]
-    fn reset_lazy_at(&self, index: &mut u32, generation: u32, deadline: u64) -> Option<LazyReset> {
+    fn reset_lazy_at(
+        &self,
+        index: &mut u32,
+        generation: u32,
+        deadline: u64,
+        first_old: &mut Option<u64>,
+    ) -> Option<LazyReset> {
         let word = self.load_following(index);
         let slot = self.slot(*index);
         if generation_of(word) != generation || lifecycle_of(word) != PENDING {
+            // Tried again after a move: the moved timer may have fired on our deadline.
+            if let Some(old) = *first_old
+                && generation_of(word) == generation
+                && lifecycle_of(word) == FIRED
+                && deadline < old
+                && slot.deadline.load(Ordering::Acquire) == deadline
+            {
+                return Some(LazyReset::Done { earlier: false });
+            }
             return Some(LazyReset::NotPending);
         }
         if word & REPEATING != 0 {
@@ -545,7 +579,8 @@ impl SlotTable {
         // Dekker with `fire`, which locks the word and then reads the deadline: either the
         // shard reads our deadline, or we see its lock (or its decision) below. Why the fence
         // must follow a read-modify-write: `crate::sync::swap_then_fence`.
-        let old = crate::sync::swap_then_fence(&slot.deadline, deadline, Ordering::AcqRel);
+        let swapped = crate::sync::swap_then_fence(&slot.deadline, deadline, Ordering::AcqRel);
+        let old = *first_old.get_or_insert(swapped);
         #[cfg(feature = "test-hooks")]
         reset_hook::after_reset_swap();
         let mut word = slot.state.load(Ordering::Acquire);
@@ -574,6 +609,7 @@ impl SlotTable {
 
     /// Applies `change` to the word of an occupied slot of generation `generation` until it
     /// sticks. `change` returns `None` to leave the word alone. Returns the old and new word.
+    #[inline]
     fn update(
         &self,
         index: u32,
@@ -581,7 +617,9 @@ impl SlotTable {
         mut change: impl FnMut(u64) -> Option<u64>,
     ) -> Result<(u64, u64), u64> {
         let mut index = index;
-        let mut word = self.load_following(&mut index);
+        let mut slot = self.word(index);
+        let first = slot.load(Ordering::Acquire);
+        let mut word = self.follow_slot(&mut index, &mut slot, first);
         loop {
             if generation_of(word) != generation || lifecycle_of(word) == FREE {
                 return Err(word);
@@ -589,14 +627,9 @@ impl SlotTable {
             let Some(new) = change(word) else {
                 return Err(word);
             };
-            match self.word(index).compare_exchange_weak(
-                word,
-                new,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => return Ok((word, new)),
-                Err(actual) => word = self.follow(&mut index, actual),
+                Err(actual) => word = self.follow_slot(&mut index, &mut slot, actual),
             }
         }
     }
@@ -632,6 +665,7 @@ impl SlotTable {
     /// [`cancel`](Self::cancel), telling whether the timer was still STAGED (then its shard
     /// needs no message: it lets go of the timer when it reaches the stage's cell). `None`:
     /// this call cancelled nothing.
+    #[inline]
     pub(crate) fn cancel_staged(&self, index: u32, generation: u32) -> Option<bool> {
         self.update(index, generation, |word| {
             (lifecycle_of(word) == PENDING).then_some(word & !LIFECYCLE_MASK | CANCELLED)
@@ -652,7 +686,9 @@ impl SlotTable {
     /// and is validated by generation when applied.
     pub(crate) fn cancel_and_release(&self, index: u32, generation: u32) -> Option<bool> {
         let mut index = index;
-        let mut word = self.load_following(&mut index);
+        let mut slot = self.word(index);
+        let first = slot.load(Ordering::Acquire);
+        let mut word = self.follow_slot(&mut index, &mut slot, first);
         loop {
             debug_assert_eq!(
                 generation_of(word),
@@ -675,19 +711,14 @@ impl SlotTable {
             if new == word {
                 return None;
             }
-            match self.word(index).compare_exchange_weak(
-                word,
-                new,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
+            match slot.compare_exchange_weak(word, new, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) => {
                     if is_unreferenced(new) {
                         self.free(index, new);
                     }
                     return pending.then_some(word & STAGED != 0);
                 }
-                Err(actual) => word = self.follow(&mut index, actual),
+                Err(actual) => word = self.follow_slot(&mut index, &mut slot, actual),
             }
         }
     }
@@ -956,24 +987,29 @@ impl SlotTable {
     /// never freed: a leak of 16 bytes rather than a wrapped count).
     pub(crate) fn clone_handle(&self, index: u32) {
         let mut index = index;
-        let mut current = self.load_following(&mut index);
+        let mut slot = self.word(index);
+        let first = slot.load(Ordering::Acquire);
+        let mut current = self.follow_slot(&mut index, &mut slot, first);
         while current & HANDLE_MASK != HANDLE_MASK {
-            match self.word(index).compare_exchange_weak(
+            match slot.compare_exchange_weak(
                 current,
                 current + HANDLE_ONE,
                 Ordering::Relaxed,
-                Ordering::Relaxed,
+                Ordering::Acquire,
             ) {
                 Ok(_) => return,
-                Err(actual) => current = self.follow(&mut index, actual),
+                Err(actual) => current = self.follow_slot(&mut index, &mut slot, actual),
             }
         }
     }
 
     /// A handle went away; frees the slot if nothing else refers to it.
+    #[inline]
     pub(crate) fn drop_handle(&self, index: u32) {
         let mut index = index;
-        let mut current = self.load_following(&mut index);
+        let mut slot = self.word(index);
+        let first = slot.load(Ordering::Acquire);
+        let mut current = self.follow_slot(&mut index, &mut slot, first);
         loop {
             debug_assert!(
                 handles_of(current) > 0,
@@ -982,14 +1018,14 @@ impl SlotTable {
             if current & HANDLE_MASK == HANDLE_MASK {
                 return; // Sticky: see `clone_handle`.
             }
-            match self.word(index).compare_exchange_weak(
+            match slot.compare_exchange_weak(
                 current,
                 current - HANDLE_ONE,
                 Ordering::AcqRel,
                 Ordering::Acquire,
             ) {
                 Ok(_) => break,
-                Err(actual) => current = self.follow(&mut index, actual),
+                Err(actual) => current = self.follow_slot(&mut index, &mut slot, actual),
             }
         }
         let new = current - HANDLE_ONE;
