@@ -548,6 +548,11 @@ impl ShardOwner {
         while self.drain_inbox(&mut handoff) + self.drain_stages(&mut handoff, false) > 0 {}
         // The count no longer matters: nothing parks on this inbox again.
         let shared = self.shared.clone();
+        // A compaction under way ends first (its survey given up or its moves done), so that
+        // the sweep finds every entry where its slot's word says.
+        while self.compaction.is_under_way() {
+            self.compact_if_sparse(u64::MAX);
+        }
         let mut unfired = Vec::new();
         let entries = &mut self.entries;
         for (index, task, links) in entries.iter_mut() {
@@ -915,5 +920,91 @@ mod tests {
             0,
             "reclaimed, retirement ended"
         );
+    }
+
+    /// A lazy reset to an earlier deadline, whose swap the move copied before the timer fired
+    /// there: the reset succeeded (the timer ran on its deadline), as without a compaction.
+    /// From review.
+    #[cfg(feature = "test-hooks")]
+    #[test]
+    fn a_reset_the_move_copied_then_fired_on_succeeded() {
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        use std::sync::atomic::AtomicU64 as Counter;
+        use std::sync::atomic::Ordering::Relaxed;
+        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
+        let shared = Arc::new(ShardShared::new(clock, None));
+        let owner = Rc::new(RefCell::new(ShardOwner::new(shared.clone(), 6)));
+        let count = COMPACT_ABOVE as usize + 5000;
+        let now = Arc::new(Counter::new(0));
+        let ran = Arc::new(Counter::new(0));
+        let mut handles: Vec<Option<TimerHandle>> = (0..count)
+            .map(|i| {
+                let (now, ran) = (now.clone(), ran.clone());
+                let task = Task::new_inline(move || {
+                    if i == 0 {
+                        ran.store(now.load(Relaxed) + 1, Relaxed);
+                    }
+                });
+                Some(TimerHandle::submit(&shared, 1000, task).unwrap())
+            })
+            .collect();
+        expire_and_run(&mut owner.borrow_mut(), 0);
+        for (i, handle) in handles.iter_mut().enumerate() {
+            if i % 10 != 0 {
+                assert!(handle.take().unwrap().cancel());
+            }
+        }
+        now.store(5, Relaxed);
+        expire_and_run(&mut owner.borrow_mut(), 5);
+        assert!(!owner.borrow_mut().compact_if_sparse(5));
+        let (hooked, hooked_now) = (owner.clone(), now.clone());
+        let mut once = true;
+        crate::test_hooks::set_after_reset_swap(Some(Box::new(move || {
+            if !std::mem::take(&mut once) {
+                return;
+            }
+            let mut owner = hooked.borrow_mut();
+            // The move copies the deadline just swapped in (150); the timer fires there.
+            while owner.compact_if_sparse(105) {}
+            hooked_now.store(200, Relaxed);
+            expire_and_run(&mut owner, 200);
+        })));
+        let reset = handles[0].as_ref().unwrap().reset_to_tick(150);
+        crate::test_hooks::set_after_reset_swap(None);
+        assert!(shared.slots.retired_below() as usize >= count);
+        assert_eq!(ran.load(Relaxed), 201);
+        assert_eq!(handles[0].as_ref().unwrap().state(), TimerState::Expired);
+        assert!(reset, "ran on the reset's earlier deadline, yet the reset failed");
+    }
+
+    /// Shutdown while a compaction is under way: the compaction ends first, and every timer
+    /// still pending is returned once.
+    #[test]
+    fn shutdown_during_a_compaction_returns_every_pending_timer() {
+        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
+        let shared = Arc::new(ShardShared::new(clock, None));
+        let mut owner = ShardOwner::new(shared.clone(), 6);
+        let count = COMPACT_ABOVE as usize + 5000;
+        let handles: Vec<TimerHandle> = (0..count)
+            .map(|_| TimerHandle::submit(&shared, 1000, Task::new(|| {})).unwrap())
+            .collect();
+        expire_and_run(&mut owner, 0);
+        let mut kept = 0;
+        for (i, handle) in handles.iter().enumerate() {
+            if i % 10 == 0 {
+                kept += 1;
+            } else {
+                assert!(handle.cancel());
+            }
+        }
+        expire_and_run(&mut owner, 5);
+        assert!(!owner.compact_if_sparse(5));
+        for _ in 0..4 {
+            assert!(owner.compact_if_sparse(105), "a compaction under way");
+        }
+        shared.inbox.close();
+        assert_eq!(owner.close().len(), kept);
+        drop(handles);
     }
 }
