@@ -86,6 +86,13 @@
 //! each, are the table in `src/engine/slot/reclaim.rs`. The slots producers keep as spares are
 //! flushed onto the free list first (`src/engine/slot/spares.rs`).
 //!
+//! A shard that still holds timers, but few of the slots it handed out (a peak that passed),
+//! compacts instead: it moves its timers into fresh slots, a piece at a time between its turns,
+//! and gives back the pages of the slots they left. Handles and messages keep naming the old
+//! slot; one that reads 0 there follows an immutable map, freed by the next reclaim (when no
+//! handle is left to read it). The protocol and why each other thread is safe: the table in
+//! `src/engine/slot/compact.rs`; when, and the owner's side: `src/engine/owner/compaction.rs`.
+//!
 //! # User code
 //!
 //! Tasks (run, or dropped when that runs a destructor of theirs), wakers and panic payloads are

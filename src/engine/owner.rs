@@ -459,7 +459,8 @@ impl ShardOwner {
     /// | flush counters | `Stats` include the turn before its tasks run |
     /// | hand off, with the owner let go of (`hold`) | user code runs: it may shut down and take the owner |
     /// | cascade ahead | after the hand-off, so that expired tasks never wait for it |
-    /// | reclaim idle memory, at the tick read again | last: it may plan the next wake-up |
+    /// | reclaim idle memory, at the tick read again | it may plan the next wake-up |
+    /// | a piece of a compaction, if one is due or under way | last: bounded, and the next turn comes at once while one is under way |
     ///
     /// The worker spills (`spill: true`); the manual clock does not. `handoff` is empty again
     /// after a turn (unless a panic cut it short). Returns `None` when `hold` has no owner (any
@@ -740,7 +741,7 @@ mod tests {
             .collect();
         expire_and_run(&mut owner, 0);
         // Keep one in ten (and, fired already, timer 3 with its handle); cancel and drop the rest.
-        let kept = |i: usize| i % 10 == 0;
+        let kept = |i: usize| i.is_multiple_of(10);
         for (i, handle) in handles.iter_mut().enumerate() {
             if !kept(i) && i != 3 {
                 assert!(handle.take().unwrap().cancel());
@@ -788,7 +789,7 @@ mod tests {
         for tick in [799, 800, 1200, 1499, 2999, 3000] {
             now.store(tick, Relaxed);
             expire_and_run(&mut owner, tick);
-            for i in (0..count).filter(|&i| kept(i) && i % 40 != 0) {
+            for i in (0..count).filter(|&i| kept(i) && !i.is_multiple_of(40)) {
                 let at = ran[i].load(Relaxed);
                 if due(i) <= tick {
                     assert!(at > due(i), "timer {i} due at {} not run by {tick}", due(i));
@@ -798,7 +799,7 @@ mod tests {
             }
         }
         assert_eq!(owner.live, 0);
-        for i in (0..count).filter(|&i| i % 40 == 0) {
+        for i in (0..count).filter(|&i| i.is_multiple_of(40)) {
             assert_eq!(ran[i].load(Relaxed), 0, "cancelled timer {i} ran");
         }
         // Every handle gone: the slot table is reclaimed whole, its retirement with it.
@@ -821,10 +822,10 @@ mod tests {
         let now = Arc::new(Counter::new(0));
         let ran: Arc<Vec<Counter>> = Arc::new((0..count).map(|_| Counter::new(0)).collect());
         // Kept: one in ten, some due while the compaction runs (ticks 105 on).
-        let kept = |i: usize| i % 10 == 0;
+        let kept = |i: usize| i.is_multiple_of(10);
         let mut due: Vec<u64> = (0..count)
             .map(|i| {
-                if i % 30 == 0 {
+                if i.is_multiple_of(30) {
                     106 + (i % 7) as u64
                 } else {
                     1000 + (i % 500) as u64
@@ -951,7 +952,7 @@ mod tests {
             .collect();
         expire_and_run(&mut owner.borrow_mut(), 0);
         for (i, handle) in handles.iter_mut().enumerate() {
-            if i % 10 != 0 {
+            if !i.is_multiple_of(10) {
                 assert!(handle.take().unwrap().cancel());
             }
         }
@@ -975,7 +976,10 @@ mod tests {
         assert!(shared.slots.retired_below() as usize >= count);
         assert_eq!(ran.load(Relaxed), 201);
         assert_eq!(handles[0].as_ref().unwrap().state(), TimerState::Expired);
-        assert!(reset, "ran on the reset's earlier deadline, yet the reset failed");
+        assert!(
+            reset,
+            "ran on the reset's earlier deadline, yet the reset failed"
+        );
     }
 
     /// Shutdown while a compaction is under way: the compaction ends first, and every timer
@@ -992,7 +996,7 @@ mod tests {
         expire_and_run(&mut owner, 0);
         let mut kept = 0;
         for (i, handle) in handles.iter().enumerate() {
-            if i % 10 == 0 {
+            if i.is_multiple_of(10) {
                 kept += 1;
             } else {
                 assert!(handle.cancel());

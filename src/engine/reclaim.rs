@@ -1,4 +1,5 @@
 //! Giving an idle shard's memory back: when, and how often to try again ([`IdleReclaim`]).
+//! (A shard that holds timers, but few of its slots, compacts instead: `owner/compaction.rs`.)
 //!
 //! The owner gives its entry table's and the slot table's memory back once no timer has been
 //! left in them for [`RECLAIM_DELAY`] (after a mass cancel, or the end of a storm): every entry

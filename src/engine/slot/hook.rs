@@ -1,5 +1,5 @@
-//! A slot table for the loom models (`loom-tests`), which drive the reclaim protocol directly:
-//! through the public API it needs thousands of timers. Compiled under `cfg(shardwheel_loom)` only; not
+//! A slot table for the loom models (`loom-tests`), which drive the reclaim and compaction
+//! protocols directly: through the public API they need thousands of timers. Compiled under `cfg(shardwheel_loom)` only; not
 //! part of the API.
 
 use super::{FireOutcome, LazyReset, Reclaim, SlotClass, SlotTable, Spares};

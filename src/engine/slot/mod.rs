@@ -1,5 +1,5 @@
 //! The shared half of every timer: an atomic state word and an atomic deadline per slot, in a
-//! table that any thread may read and that never moves or shrinks.
+//! table that any thread may read and that never moves (its pages' memory may go back).
 //!
 //! # Who touches what
 //!
@@ -15,6 +15,8 @@
 //! * [`pages`]: page storage, where every `unsafe` of the table lives;
 //! * [`free_list`]: the lock-free list of free slots;
 //! * [`reclaim`]: giving the table's memory back when its shard is idle, and why that is safe;
+//! * [`compact`]: moving the timers of a sparse table to fresh slots, so that the memory of the
+//!   others goes back while the shard holds timers; [`retired`]: the map handles follow;
 //! * [`spares`]: the free slots a stage's producer keeps for its own next timers;
 //! * `hook`: the loom models' handle on a table (`cfg(shardwheel_loom)` only); `tests`.
 //!
@@ -72,10 +74,14 @@
 //! | FREE, a spare             | taken by its producer ([`spares`])      | as allocated                     |
 //! | FREE, a spare             | flushed by the shard, before a reclaim ([`spares`]) | on the free list     |
 //! | every slot FREE and on the free list | [`try_reclaim`] (shard, idle)    | off the list; fresh again, at a generation above all; page memory given back |
+//! | FREE, below a compaction's bound | taken with the list, stashed or given up ([`compact`], shard) | dead (0 once its page goes back) |
+//! | occupied, below a compaction's bound, not STAGED | [`move_slot`] (shard; a held one-shot under DL_LOCK) | 0; the same word in a fresh slot, which handles and messages follow |
 //!
 //! Every transition is one compare-and-swap or read-modify-write of the word, so exactly one
 //! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot (a lazy
-//! reset changes only the deadline). A resetting handle holds a handle count, so its slot
+//! reset changes only the deadline). A move ends with one compare-and-swap to 0; whoever then
+//! reads 0 in a slot a handle or message names follows the [`retired`] map to the timer's new
+//! slot (`load_following`), so every transition above applies there. A resetting handle holds a handle count, so its slot
 //! cannot be freed (and reused) under it. The reclaim (last row) writes no word: it empties
 //! the list and restarts fresh allocation (see [`reclaim`]).
 //!
@@ -130,6 +136,7 @@
 //! [`try_reclaim`]: SlotTable::try_reclaim
 //! [`cancel_for_shutdown`]: SlotTable::cancel_for_shutdown
 //! [`cancel_awaits_let_go`]: SlotTable::cancel_awaits_let_go
+//! [`move_slot`]: SlotTable::move_slot
 
 mod compact;
 mod free_list;

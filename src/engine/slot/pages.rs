@@ -1,11 +1,12 @@
-//! Page storage of the slot table: every `unsafe` of the table lives here.
+//! Page storage of the slot table: every `unsafe` of the table lives here (but for the
+//! compaction's map, in `retired.rs`).
 //!
 //! Slots are stored in pages of doubling size that are allocated once and freed only when the
 //! table itself is dropped (when the engine and every handle are gone): [`Pages::slot`] never
 //! meets a null or freed page. A slot is reused only after its generation is bumped, so a stale
 //! reader sees a generation mismatch, never freed memory: this design needs no epoch-based
 //! reclamation. The memory of pages can still be given back in place ([`Pages::forget`]), by
-//! the [reclaim protocol](super::reclaim).
+//! the [reclaim protocol](super::reclaim) and the [compaction](super::compact).
 
 use super::word::FREE;
 use crate::sync::{AtomicPtr, AtomicU64, Ordering};

@@ -17,12 +17,15 @@
 //! 1. Read the count `N` and the free list's head `H`.
 //! 2. Walk the list from `H` (checked: every index below `N`, its page present, its word FREE;
 //!    at most `N` steps; every 1024 steps give up if the head moved). It must hold exactly
-//!    `N` slots, and note the newest generation on it.
+//!    `N` slots, and note the newest generation on it. After a [compaction](super::compact):
+//!    `N` less the slots it retired and the fresh ones it reserved and left unused, with no
+//!    free of a retired slot still under way; the newest generation counts the retired ones.
 //! 3. Seal: compare-and-swap `next_fresh` from what step 1 read to the same with `SEALED`.
 //! 4. Empty the list: compare-and-swap the head from `H` to empty with the next tag. On
 //!    failure, unseal (restore step 1's value) and give up.
 //! 5. Commit: fresh generation := newest + 1; `next_fresh` := count 0, `ready` = the 6 small
-//!    pages (under 64 KiB, kept as they are).
+//!    pages (under 64 KiB, kept as they are); a compaction's retirement ends (its map freed:
+//!    no handle is left to follow it).
 //! 6. For each used page above those, in order: `madvise` its whole OS pages below `N`, then
 //!    add one to `ready` (release).
 //!
