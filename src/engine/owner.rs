@@ -709,6 +709,14 @@ mod tests {
         assert_eq!(owner.next_work(), None);
     }
 
+    /// A shard of six wheel levels, driven by hand (ticks of 1 ms).
+    fn manual_shard() -> (Arc<ShardShared>, ShardOwner) {
+        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
+        let shared = Arc::new(ShardShared::new(clock, None));
+        let owner = ShardOwner::new(shared.clone(), 6);
+        (shared, owner)
+    }
+
     /// Expires the shard to `tick` and runs what fired (inline tasks only).
     fn expire_and_run(owner: &mut ShardOwner, tick: u64) {
         let mut handoff = Handoff::default();
@@ -722,9 +730,7 @@ mod tests {
     fn a_sparse_shard_compacts_and_every_timer_and_handle_goes_on() {
         use std::sync::atomic::AtomicU64 as Counter;
         use std::sync::atomic::Ordering::Relaxed;
-        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
-        let shared = Arc::new(ShardShared::new(clock, None));
-        let mut owner = ShardOwner::new(shared.clone(), 6);
+        let (shared, mut owner) = manual_shard();
         let count = COMPACT_ABOVE as usize + 5000;
         // Timer i is due at 1000 + i % 500; each records the tick it ran at (+1).
         let now = Arc::new(Counter::new(0));
@@ -815,9 +821,7 @@ mod tests {
     fn a_compaction_goes_on_between_fires_cancels_resets_and_drops() {
         use std::sync::atomic::AtomicU64 as Counter;
         use std::sync::atomic::Ordering::Relaxed;
-        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
-        let shared = Arc::new(ShardShared::new(clock, None));
-        let mut owner = ShardOwner::new(shared.clone(), 6);
+        let (shared, mut owner) = manual_shard();
         let count = COMPACT_ABOVE as usize + 20_000;
         let now = Arc::new(Counter::new(0));
         let ran: Arc<Vec<Counter>> = Arc::new((0..count).map(|_| Counter::new(0)).collect());
@@ -933,9 +937,8 @@ mod tests {
         use std::rc::Rc;
         use std::sync::atomic::AtomicU64 as Counter;
         use std::sync::atomic::Ordering::Relaxed;
-        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
-        let shared = Arc::new(ShardShared::new(clock, None));
-        let owner = Rc::new(RefCell::new(ShardOwner::new(shared.clone(), 6)));
+        let (shared, owner) = manual_shard();
+        let owner = Rc::new(RefCell::new(owner));
         let count = COMPACT_ABOVE as usize + 5000;
         let now = Arc::new(Counter::new(0));
         let ran = Arc::new(Counter::new(0));
@@ -986,9 +989,7 @@ mod tests {
     /// still pending is returned once.
     #[test]
     fn shutdown_during_a_compaction_returns_every_pending_timer() {
-        let clock = TickClock::new(Clock::manual(), Duration::from_millis(1));
-        let shared = Arc::new(ShardShared::new(clock, None));
-        let mut owner = ShardOwner::new(shared.clone(), 6);
+        let (shared, mut owner) = manual_shard();
         let count = COMPACT_ABOVE as usize + 5000;
         let handles: Vec<TimerHandle> = (0..count)
             .map(|_| TimerHandle::submit(&shared, 1000, Task::new(|| {})).unwrap())
