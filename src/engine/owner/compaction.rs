@@ -7,17 +7,19 @@
 //!
 //! | phase | each piece | ends with |
 //! |-------|------------|-----------|
-//! | `Waiting` | nothing: sparse for [`SPARSE_FOR`] first (a storm's tail fires by itself) | a survey |
-//! | `Surveying` | walks [`PIECE`] slots of the free list, then classifies as many slots | `retire` (step 3), or giving up |
-//! | `Moving` | moves [`MOVES`] timers: slot, entry, place in the wheel | the entry table rebuilt from the retired bound up |
-//! | `Forgetting` | gives back the memory of [`PIECE`] retired slots | done |
+//! | `Waiting` | nothing: sparse for [`SPARSE_FOR`] first (a storm's tail fires by itself) | the survey's steps 1 (the list taken) |
+//! | `Surveying` | walks [`PIECE`] slots of the taken list (step 2), then classifies as many slots (step 3) | step 4, `retire`; or giving up |
+//! | `Moving` | moves [`MOVES`] timers (step 5): slot, entry, place in the wheel | the retired slots' entries let go of |
+//! | `Forgetting` | gives back the memory of [`PIECE`] retired slots (step 6) | done |
 //!
-//! A survey gives up when the free list changes, or a slot cannot be moved now; the shard
+//! A survey gives up when it finds a staged slot, or an allocation was under way; the shard
 //! tries again after [`RECLAIM_DELAY`], twice that, ... up to [`RECLAIM_RETRY_MAX`] (waking up
-//! for it [`WAKES`] times at most). Until the moves are done, entries stay where they are in
-//! the one entry table (which grows by the moved timers' new slots): messages and fires find
-//! a timer at its old slot before its move and at its new one after
-//! ([`ShardOwner::current`]).
+//! for it [`WAKES`] times at most). From step 4 the entry table has two segments
+//! ([`Entries`](super::entries::Entries)): the retired slots' entries below, the rest and the
+//! moved timers' new ones on top. Messages and fires find a timer at its old slot before its
+//! move and at its new one after ([`ShardOwner::current`]). One compaction at a time: the next
+//! waits until the slot table is reclaimed whole (when the shard is idle and every handle
+//! gone), which ends the retirement.
 
 use super::{ShardOwner, Store};
 use crate::clock::TickClock;
@@ -90,10 +92,7 @@ impl Compaction {
     pub(super) fn at(&self) -> u64 {
         match self.phase {
             Phase::Idle => u64::MAX,
-            Phase::Waiting { at } if self.failures > WAKES => {
-                let _ = at;
-                u64::MAX
-            }
+            Phase::Waiting { .. } if self.failures > WAKES => u64::MAX,
             Phase::Waiting { at } => at,
             _ => 0,
         }
