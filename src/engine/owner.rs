@@ -222,7 +222,10 @@ impl ShardOwner {
                 if let Some(task) = self.entries.task(index).take() {
                     self.live -= 1;
                     handoff.discard(task);
-                    self.shared.slots.let_go_into(index, &mut self.freed);
+                    let compacting = self.compaction.is_on();
+                    self.shared
+                        .slots
+                        .let_go_into(index, &mut self.freed, compacting);
                 }
             }
             Message::Relocate {

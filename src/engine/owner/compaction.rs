@@ -83,6 +83,12 @@ impl Compaction {
         self.retired_below
     }
 
+    /// Whether a survey is under way or a retirement in force.
+    #[inline]
+    pub(super) fn is_on(&self) -> bool {
+        self.retired_below != 0 || matches!(self.phase, Phase::Surveying { .. })
+    }
+
     /// Whether a survey, the moves or the giving back are under way (the idle reclaim waits).
     pub(super) fn is_under_way(&self) -> bool {
         !matches!(self.phase, Phase::Idle | Phase::Waiting { .. })

@@ -960,10 +960,11 @@ impl SlotTable {
 
     /// [`let_go`](Self::let_go), freeing into the shard's chain `freed` (pushed onto the free
     /// list later, see [`free_list`]).
-    pub(crate) fn let_go_into(&self, index: u32, freed: &mut Freed) {
+    /// `compacting`: a compaction of the table is under way or in force (the shard knows);
+    /// then a slot below its bound is freed alone, into its stash or given up (`push_freed`).
+    pub(crate) fn let_go_into(&self, index: u32, freed: &mut Freed, compacting: bool) {
         if let Some(word) = self.let_go_unfreed(index) {
-            if index < self.retirement.below() {
-                // A compaction is on: freed alone, into its stash or given up (`push_freed`).
+            if compacting && index < self.retirement.below() {
                 self.free(index, word);
             } else {
                 self.free_into(index, word, freed);

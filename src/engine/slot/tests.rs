@@ -266,7 +266,7 @@ fn freed_chain_goes_onto_the_list_in_one_push() {
     for &(index, generation) in &timers {
         assert!(table.cancel(index, generation));
         table.drop_handle(index);
-        table.let_go_into(index, &mut freed);
+        table.let_go_into(index, &mut freed, false);
     }
     let head = table.free_head();
     assert_eq!(head as u32, 0, "a chained slot is not on the list yet");
