@@ -1015,4 +1015,33 @@ mod tests {
         assert_eq!(owner.close().len(), kept);
         drop(handles);
     }
+
+    /// A shard still losing its timers fast (a storm's tail) waits again instead of compacting.
+    #[test]
+    fn a_shard_losing_its_timers_fast_does_not_compact() {
+        let (shared, mut owner) = manual_shard();
+        let count = COMPACT_ABOVE as usize + 5000;
+        let handles: Vec<TimerHandle> = (0..count)
+            .map(|_| TimerHandle::submit(&shared, 1000, Task::new(|| {})).unwrap())
+            .collect();
+        expire_and_run(&mut owner, 0);
+        for (i, handle) in handles.iter().enumerate() {
+            if !i.is_multiple_of(10) {
+                assert!(handle.cancel());
+            }
+        }
+        expire_and_run(&mut owner, 5);
+        assert!(!owner.compact_if_sparse(5), "sparse: waits first");
+        // More than half of the rest go during the wait.
+        for handle in handles.iter().step_by(10).take(count / 15) {
+            assert!(handle.cancel());
+        }
+        expire_and_run(&mut owner, 105);
+        assert!(!owner.compact_if_sparse(105), "waits again");
+        assert_eq!(shared.slots.retired_below(), 0);
+        // Then steady for a whole wait: it compacts.
+        assert!(owner.compact_if_sparse(205));
+        while owner.compact_if_sparse(205) {}
+        assert!(shared.slots.retired_below() as usize >= count);
+    }
 }

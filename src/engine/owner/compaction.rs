@@ -7,7 +7,7 @@
 //!
 //! | phase | each piece | ends with |
 //! |-------|------------|-----------|
-//! | `Waiting` | nothing: sparse for [`SPARSE_FOR`] first (a storm's tail fires by itself) | the survey's steps 1 (the list taken) |
+//! | `Waiting` | nothing: sparse for [`SPARSE_FOR`] first, without losing half its timers meanwhile (a storm's tail fires by itself, and the idle reclaim follows) | the survey's step 1 (the list taken) |
 //! | `Surveying` | walks [`PIECE`] slots of the taken list (step 2), then classifies as many slots (step 3) | step 4, `retire`; or giving up |
 //! | `Moving` | moves [`MOVES`] timers (step 5): slot, entry, place in the wheel | the retired slots' entries let go of |
 //! | `Forgetting` | gives back the memory of [`PIECE`] retired slots (step 6) | done |
@@ -53,11 +53,14 @@ pub(super) struct Compaction {
 
 #[derive(Debug, Default)]
 enum Phase {
-    /// Not sparse (`at == u64::MAX`), or sparse since and waiting until tick `at`.
+    /// Not sparse.
     #[default]
     Idle,
+    /// Sparse: waiting until tick `at` (after a failed survey, `live` is 0).
     Waiting {
         at: u64,
+        /// The timers held when the wait began.
+        live: usize,
     },
     Surveying {
         survey: Survey,
@@ -99,7 +102,7 @@ impl Compaction {
         match self.phase {
             Phase::Idle => u64::MAX,
             Phase::Waiting { .. } if self.failures > WAKES => u64::MAX,
-            Phase::Waiting { at } => at,
+            Phase::Waiting { at, .. } => at,
             _ => 0,
         }
     }
@@ -115,6 +118,7 @@ impl Compaction {
         self.failures = self.failures.saturating_add(1);
         self.phase = Phase::Waiting {
             at: now_tick.saturating_add(self.backoff),
+            live: 0,
         };
     }
 }
@@ -135,8 +139,14 @@ impl ShardOwner {
             }
             Phase::Idle => Phase::Waiting {
                 at: now_tick.saturating_add(shared.clock.ticks_in(SPARSE_FOR).max(1)),
+                live: self.live,
             },
-            Phase::Waiting { at } if now_tick < at => Phase::Waiting { at },
+            Phase::Waiting { at, live } if now_tick < at => Phase::Waiting { at, live },
+            // Still losing timers fast: wait again (they may all go, and the table with them).
+            Phase::Waiting { live, .. } if self.live < live / 2 => Phase::Waiting {
+                at: now_tick.saturating_add(shared.clock.ticks_in(SPARSE_FOR).max(1)),
+                live: self.live,
+            },
             Phase::Waiting { .. } => {
                 // Spare slots are FREE off the list: listed before the survey takes it, and
                 // none kept until it ends.
