@@ -720,6 +720,34 @@ mod tests {
         (shared, owner)
     }
 
+    /// One timer per deadline of `due`, each recording (in `ran[i]`) the tick it ran at plus
+    /// one, as read from `now` (the test's clock), and failing if it runs twice.
+    #[allow(clippy::type_complexity)]
+    fn recording_timers(
+        shared: &Arc<ShardShared>,
+        due: &[u64],
+    ) -> (
+        Arc<std::sync::atomic::AtomicU64>,
+        Arc<Vec<std::sync::atomic::AtomicU64>>,
+        Vec<Option<TimerHandle>>,
+    ) {
+        use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+        let now = Arc::new(AtomicU64::new(0));
+        let ran: Arc<Vec<AtomicU64>> = Arc::new(due.iter().map(|_| AtomicU64::new(0)).collect());
+        let handles = due
+            .iter()
+            .enumerate()
+            .map(|(i, &deadline)| {
+                let (now, ran) = (now.clone(), ran.clone());
+                let task = Task::new_inline(move || {
+                    assert_eq!(ran[i].swap(now.load(Relaxed) + 1, Relaxed), 0, "ran twice");
+                });
+                Some(TimerHandle::submit(shared, deadline, task).unwrap())
+            })
+            .collect();
+        (now, ran, handles)
+    }
+
     /// Expires the shard to `tick` and runs what fired (inline tasks only).
     fn expire_and_run(owner: &mut ShardOwner, tick: u64) {
         let mut handoff = Handoff::default();
@@ -731,23 +759,13 @@ mod tests {
 
     #[test]
     fn a_sparse_shard_compacts_and_every_timer_and_handle_goes_on() {
-        use std::sync::atomic::AtomicU64 as Counter;
         use std::sync::atomic::Ordering::Relaxed;
         let (shared, mut owner) = manual_shard();
         let count = COMPACT_ABOVE as usize + 5000;
         // Timer i is due at 1000 + i % 500; each records the tick it ran at (+1).
-        let now = Arc::new(Counter::new(0));
-        let ran: Arc<Vec<Counter>> = Arc::new((0..count).map(|_| Counter::new(0)).collect());
         let deadline = |i: usize| 1000 + (i % 500) as u64;
-        let mut handles: Vec<Option<TimerHandle>> = (0..count)
-            .map(|i| {
-                let (now, ran) = (now.clone(), ran.clone());
-                let task = Task::new_inline(move || {
-                    assert_eq!(ran[i].swap(now.load(Relaxed) + 1, Relaxed), 0, "ran twice");
-                });
-                Some(TimerHandle::submit(&shared, deadline(i), task).unwrap())
-            })
-            .collect();
+        let (now, ran, mut handles) =
+            recording_timers(&shared, &(0..count).map(deadline).collect::<Vec<_>>());
         expire_and_run(&mut owner, 0);
         // Keep one in ten (and, fired already, timer 3 with its handle); cancel and drop the rest.
         let kept = |i: usize| i.is_multiple_of(10);
@@ -822,12 +840,9 @@ mod tests {
 
     #[test]
     fn a_compaction_goes_on_between_fires_cancels_resets_and_drops() {
-        use std::sync::atomic::AtomicU64 as Counter;
         use std::sync::atomic::Ordering::Relaxed;
         let (shared, mut owner) = manual_shard();
         let count = COMPACT_ABOVE as usize + 20_000;
-        let now = Arc::new(Counter::new(0));
-        let ran: Arc<Vec<Counter>> = Arc::new((0..count).map(|_| Counter::new(0)).collect());
         // Kept: one in ten, some due while the compaction runs (ticks 105 on).
         let kept = |i: usize| i.is_multiple_of(10);
         let mut due: Vec<u64> = (0..count)
@@ -843,15 +858,7 @@ mod tests {
         for &i in &ended {
             due[i] = 5;
         }
-        let mut handles: Vec<Option<TimerHandle>> = (0..count)
-            .map(|i| {
-                let (now, ran) = (now.clone(), ran.clone());
-                let task = Task::new_inline(move || {
-                    assert_eq!(ran[i].swap(now.load(Relaxed) + 1, Relaxed), 0, "ran twice");
-                });
-                Some(TimerHandle::submit(&shared, due[i], task).unwrap())
-            })
-            .collect();
+        let (now, ran, mut handles) = recording_timers(&shared, &due);
         let mut cancelled = vec![false; count];
         for (i, handle) in handles.iter_mut().enumerate() {
             if !kept(i) && !ended.contains(&i) {

@@ -422,10 +422,8 @@ impl SlotTable {
     /// The shard, applying a message that names slot `index`: the slot that holds its timer now
     /// (`index` itself unless it was retired and its timer moved).
     pub(crate) fn current(&self, index: u32) -> u32 {
-        if self.word(index).load(Ordering::Acquire) == 0 {
-            self.moved_to(index).unwrap_or(index)
-        } else {
-            index
-        }
+        let mut index = index;
+        self.load_following(&mut index);
+        index
     }
 }

@@ -81,9 +81,9 @@
 //! of {shard fires, a cancel succeeds} happens, and exactly one thread frees a slot (a lazy
 //! reset changes only the deadline). A move ends with one compare-and-swap to 0; whoever then
 //! reads 0 in a slot a handle or message names follows the [`retired`] map to the timer's new
-//! slot (`load_following`), so every transition above applies there. A resetting handle holds a handle count, so its slot
-//! cannot be freed (and reused) under it. The reclaim (last row) writes no word: it empties
-//! the list and restarts fresh allocation (see [`reclaim`]).
+//! slot (`load_following`), so every transition above applies there. A resetting handle holds
+//! a handle count, so its slot cannot be freed (and reused) under it. The reclaim (last row)
+//! writes no word: it empties the list and restarts fresh allocation (see [`reclaim`]).
 //!
 //! # Who counts a timer's end
 //!
@@ -339,9 +339,8 @@ impl SlotTable {
         if word != 0 {
             return word;
         }
-        let (moved, word) = self.follow_moved(*index);
-        *index = moved;
-        *slot = self.word(moved);
+        let word = self.follow(index, word);
+        *slot = self.word(*index);
         word
     }
 
