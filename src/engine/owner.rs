@@ -748,6 +748,24 @@ mod tests {
         (now, ran, handles)
     }
 
+    /// A hand-driven shard that scheduled `COMPACT_ABOVE + 5000` timers due at tick 1000 and
+    /// then cancelled all but one in ten (every tenth from the first), applied by tick 5: sparse.
+    fn sparse_shard() -> (Arc<ShardShared>, ShardOwner, Vec<TimerHandle>) {
+        let (shared, mut owner) = manual_shard();
+        let count = COMPACT_ABOVE as usize + 5000;
+        let handles: Vec<TimerHandle> = (0..count)
+            .map(|_| TimerHandle::submit(&shared, 1000, Task::new(|| {})).unwrap())
+            .collect();
+        expire_and_run(&mut owner, 0);
+        for (i, handle) in handles.iter().enumerate() {
+            if !i.is_multiple_of(10) {
+                assert!(handle.cancel());
+            }
+        }
+        expire_and_run(&mut owner, 5);
+        (shared, owner, handles)
+    }
+
     /// Expires the shard to `tick` and runs what fired (inline tasks only).
     fn expire_and_run(owner: &mut ShardOwner, tick: u64) {
         let mut handoff = Handoff::default();
@@ -999,21 +1017,8 @@ mod tests {
     /// still pending is returned once.
     #[test]
     fn shutdown_during_a_compaction_returns_every_pending_timer() {
-        let (shared, mut owner) = manual_shard();
-        let count = COMPACT_ABOVE as usize + 5000;
-        let handles: Vec<TimerHandle> = (0..count)
-            .map(|_| TimerHandle::submit(&shared, 1000, Task::new(|| {})).unwrap())
-            .collect();
-        expire_and_run(&mut owner, 0);
-        let mut kept = 0;
-        for (i, handle) in handles.iter().enumerate() {
-            if i.is_multiple_of(10) {
-                kept += 1;
-            } else {
-                assert!(handle.cancel());
-            }
-        }
-        expire_and_run(&mut owner, 5);
+        let (shared, mut owner, handles) = sparse_shard();
+        let kept = handles.len().div_ceil(10);
         assert!(!owner.compact_if_sparse(5));
         for _ in 0..4 {
             assert!(owner.compact_if_sparse(105), "a compaction under way");
@@ -1026,18 +1031,8 @@ mod tests {
     /// A shard still losing its timers fast (a storm's tail) waits again instead of compacting.
     #[test]
     fn a_shard_losing_its_timers_fast_does_not_compact() {
-        let (shared, mut owner) = manual_shard();
-        let count = COMPACT_ABOVE as usize + 5000;
-        let handles: Vec<TimerHandle> = (0..count)
-            .map(|_| TimerHandle::submit(&shared, 1000, Task::new(|| {})).unwrap())
-            .collect();
-        expire_and_run(&mut owner, 0);
-        for (i, handle) in handles.iter().enumerate() {
-            if !i.is_multiple_of(10) {
-                assert!(handle.cancel());
-            }
-        }
-        expire_and_run(&mut owner, 5);
+        let (shared, mut owner, handles) = sparse_shard();
+        let count = handles.len();
         assert!(!owner.compact_if_sparse(5), "sparse: waits first");
         // More than half of the rest go during the wait.
         for handle in handles.iter().step_by(10).take(count / 15) {
