@@ -15,7 +15,7 @@
 //! | [`owner`] | the shard's owner: entries, applying messages, expiry, one turn, shutdown |
 //! | [`reclaim`] | giving an idle shard's memory back |
 //! | [`worker`] | the owner's thread: turns and parking |
-//! | [`time_slice`] | short scheduler turns for the engine's threads |
+//! | [`time_slice`] | short scheduler turns and exact wake-ups for the engine's threads |
 //! | [`handoff`] | expired work on its way to the executor; unfired timers |
 //! | [`executor`] | where tasks run, and how user code is contained |
 

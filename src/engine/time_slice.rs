@@ -19,6 +19,14 @@
 //! [`ShardStats::short_time_slice`](crate::ShardStats::short_time_slice) says whether a shard
 //! thread got it. [`Builder::short_time_slices`](crate::Builder::short_time_slices) turns the
 //! request off.
+//!
+//! # Waking on time
+//!
+//! A shard sleeps until its next tick starts with a timed park. Linux ends such a sleep up to
+//! the thread's *timer slack* late (50 µs by default), to batch wake-ups; every timer of that
+//! tick is then as much later. A shard thread asks for a slack of 1 ns
+//! ([`exact_wake_ups_for_current_thread`]): its few wake-ups a second are worth their own
+//! interrupt. It changes nothing but when a timed sleep ends, so it is always asked for.
 
 /// Asks the scheduler for the shortest slice for the calling thread, keeping its policy and
 /// nice value; true if the slice read back is the one asked for.
@@ -27,6 +35,13 @@ pub(crate) fn request_for_current_thread() -> bool {
     return linux::request();
     #[cfg(not(all(target_os = "linux", not(shardwheel_loom))))]
     return false;
+}
+
+/// Asks the kernel to end the calling thread's timed sleeps on time: a timer slack of 1 ns
+/// (see [Waking on time](self#waking-on-time)). Best effort: nothing to report.
+pub(crate) fn exact_wake_ups_for_current_thread() {
+    #[cfg(all(target_os = "linux", not(shardwheel_loom)))]
+    linux::exact_wake_ups();
 }
 
 #[cfg(all(target_os = "linux", not(shardwheel_loom)))]
@@ -69,6 +84,13 @@ mod linux {
             )
         };
         (result == 0).then_some(attr)
+    }
+
+    pub(super) fn exact_wake_ups() {
+        // SAFETY: `prctl(PR_SET_TIMERSLACK, n)` takes an integer and touches no memory of ours.
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong);
+        }
     }
 
     pub(super) fn request() -> bool {

@@ -162,6 +162,7 @@ fn run(
             .pinned
             .store(pinned, std::sync::atomic::Ordering::Relaxed);
     }
+    time_slice::exact_wake_ups_for_current_thread();
     if placing.short_time_slice {
         let granted = time_slice::request_for_current_thread();
         shared
