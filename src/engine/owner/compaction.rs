@@ -131,22 +131,22 @@ impl ShardOwner {
         let shared = self.shared.clone();
         let slots = &shared.slots;
         let phase = std::mem::take(&mut self.compaction.phase);
+        // A wait of SPARSE_FOR from now, counting the timers held at its start.
+        let live_now = self.live;
+        let fresh_wait = || Phase::Waiting {
+            at: now_tick.saturating_add(shared.clock.ticks_in(SPARSE_FOR).max(1)),
+            live: live_now,
+        };
         self.compaction.phase = match phase {
             Phase::Idle | Phase::Waiting { .. } if !self.is_sparse() => {
                 self.compaction.backoff = 0;
                 self.compaction.failures = 0;
                 Phase::Idle
             }
-            Phase::Idle => Phase::Waiting {
-                at: now_tick.saturating_add(shared.clock.ticks_in(SPARSE_FOR).max(1)),
-                live: self.live,
-            },
+            Phase::Idle => fresh_wait(),
             Phase::Waiting { at, live } if now_tick < at => Phase::Waiting { at, live },
             // Still losing timers fast: wait again (they may all go, and the table with them).
-            Phase::Waiting { live, .. } if self.live < live / 2 => Phase::Waiting {
-                at: now_tick.saturating_add(shared.clock.ticks_in(SPARSE_FOR).max(1)),
-                live: self.live,
-            },
+            Phase::Waiting { live, .. } if self.live < live / 2 => fresh_wait(),
             Phase::Waiting { .. } => {
                 // Spare slots are FREE off the list: listed before the survey takes it, and
                 // none kept until it ends.
