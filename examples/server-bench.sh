@@ -11,8 +11,9 @@
 # with two threads). wrk keeps C=256 keep-alive connections busy for S seconds. The server
 # reports its own CPU time (user + system) and requests served; CPU per request is their ratio.
 # "timer share" is a backend's CPU per request minus none's in the same round: what its timer
-# costs. "busy" is CPU time over the S seconds of load (1.00 = one core): a server that is not
-# busy on its core(s) was paced by wrk, not by its own cost.
+# costs; the medians of its user and system parts follow the ratios. "busy" is CPU time over the
+# S seconds of load (1.00 = one core): a server that is not busy on its core(s) was paced by wrk,
+# not by its own cost.
 #
 # Environment: R (rounds, 3), S (seconds per run, 10), C (connections, 256), PORT (18080),
 # TIMERS ("none tokio shardwheel"), MODES ("1 2"). Needs wrk (installed with apt-get if missing),
@@ -41,7 +42,8 @@ trap 'rm -rf "$work"' EXIT
 results=$work/results
 
 # One run: mode ($1: 1 or 2), timer ($2), round ($3). Appends a line to $results:
-# mode timer round requests_per_s cpu_us_per_request server_busy wrk_busy
+# mode timer round requests_per_s cpu_us_per_request server_busy wrk_busy user_us_per_request
+# system_us_per_request
 run_one() {
   local mode=$1 timer=$2 round=$3 pin_server=() pin_wrk=() workers threads
   if [ "$mode" = 1 ]; then
@@ -73,18 +75,18 @@ run_one() {
     cat "$work/server.err" >&2
     return 1
   fi
-  local rps errors wrk_cpu requests cpu_us
+  local rps errors wrk_cpu requests user_us system_us
   rps=$(awk '/^Requests\/sec:/ {print $2}' "$work/wrk.out")
   errors=$(grep -E 'Socket errors|Non-2xx' "$work/wrk.out" || true)
   [ -z "$errors" ] || echo "  warning: $mode core(s) $timer round $round: wrk saw $errors" >&2
   wrk_cpu=$(awk '{print $1 + $2}' "$work/wrk.time")
   requests=$(sed -E 's/.*"requests":([0-9]+).*/\1/' "$work/server.json")
-  cpu_us=$(sed -E 's/.*"cpu_user_us":([0-9]+),"cpu_system_us":([0-9]+).*/\1 \2/' "$work/server.json" |
-    awk '{print $1 + $2}')
-  awk -v m="$mode" -v t="$timer" -v r="$round" -v rps="$rps" -v n="$requests" -v cpu="$cpu_us" \
-    -v wrk="$wrk_cpu" -v s="$S" \
-    'BEGIN { printf "%s %s %s %.0f %.3f %.2f %.2f\n", m, t, r, rps, cpu / n, cpu / 1e6 / s, wrk / s }' \
-    >>"$results"
+  read -r user_us system_us < <(sed -E \
+    's/.*"cpu_user_us":([0-9]+),"cpu_system_us":([0-9]+).*/\1 \2/' "$work/server.json")
+  awk -v m="$mode" -v t="$timer" -v r="$round" -v rps="$rps" -v n="$requests" -v u="$user_us" \
+    -v k="$system_us" -v wrk="$wrk_cpu" -v s="$S" \
+    'BEGIN { printf "%s %s %s %.0f %.3f %.2f %.2f %.3f %.3f\n", m, t, r, rps, (u + k) / n,
+      (u + k) / 1e6 / s, wrk / s, u / n, k / n }' >>"$results"
   printf '  %s core(s)  %-10s round %s: %s\n' "$mode" "$timer" "$round" "$(tail -n 1 "$results" |
     awk '{printf "%8d req/s  %7.2f us CPU/req  server busy %.2f  wrk busy %.2f", $4, $5, $6, $7}')" >&2
 }
@@ -111,10 +113,11 @@ spread() {
 }
 median() { spread | awk -F' / ' '{print $2}'; }
 column_of() { awk -v m="$1" -v t="$2" -v c="$3" '$1 == m && $2 == t {print $c}' "$results"; }
-# CPU per request minus none's, round by round.
+# CPU per request (or column $3: 8, its user part; 9, its system part) minus none's, round by
+# round.
 share_of() {
-  awk -v m="$1" -v t="$2" '$1 == m && $2 == "none" {floor[$3] = $5}
-    $1 == m && $2 == t {cpu[$3] = $5}
+  awk -v m="$1" -v t="$2" -v c="${3:-5}" '$1 == m && $2 == "none" {floor[$3] = $c}
+    $1 == m && $2 == t {cpu[$3] = $c}
     END {for (r in cpu) if (r in floor) print cpu[r] - floor[r]}' "$results"
 }
 
@@ -134,9 +137,12 @@ for mode in $MODES; do
       -v rt="$(column_of "$mode" tokio 4 | median)" \
       -v cs="$(column_of "$mode" shardwheel 5 | median)" -v ct="$(column_of "$mode" tokio 5 | median)" \
       -v ss="$(share_of "$mode" shardwheel | median)" -v st="$(share_of "$mode" tokio | median)" \
+      -v su="$(share_of "$mode" shardwheel 8 | median)" -v tu="$(share_of "$mode" tokio 8 | median)" \
+      -v sk="$(share_of "$mode" shardwheel 9 | median)" -v tk="$(share_of "$mode" tokio 9 | median)" \
       'BEGIN { printf "%-8s shardwheel/tokio (medians): requests/s %.3fx, CPU/request %.3fx", "", rs / rt, cs / ct
         if (st + 0 > 0) printf ", timer share %.2fx", ss / st
-        printf "\n" }'
+        printf "\n%-8s timer share, user time: %s against %s us/request; system time: %s against %s\n",
+          "", su, tu, sk, tk }'
   fi
 done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

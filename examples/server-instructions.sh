@@ -11,14 +11,19 @@
 # 5 instructions per request at these counts. Kernel work (system calls, context switches) is
 # not counted: the wake-ups a timer causes show in server-bench.sh, not here.
 #
+# It also counts the atomic read-modify-write instructions (`lock`-prefixed, or `xchg` with
+# memory) that the process ran per request, in every object objdump can read (the server, libc):
+# callgrind counts each as one instruction, but an uncontended one takes the time of dozens
+# (each waits for the core's pending stores), so they are where instructions and time part ways.
+#
 # Backends (see examples/server.rs): none (no timer), hyper-only (hyper's header-read timeout on
 # a timer that never fires: what hyper itself adds once it has any timer), tokio, shardwheel.
 # "above none" is a backend's count minus none's: its timer share. "above hyper-only" leaves out
 # hyper's own part of it: the timer's own work.
 #
 # Environment: R (rounds, 2), S (seconds of load per run, 10), C (connections, 32), PORT (18090),
-# TIMERS ("none hyper-only tokio shardwheel"). Needs valgrind and wrk (each installed with
-# apt-get if missing). Every process runs under `timeout`.
+# TIMERS ("none hyper-only tokio shardwheel"). Needs valgrind, wrk and objdump (each installed
+# with apt-get if missing). Every process runs under `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,17 +36,43 @@ TIMERS=${TIMERS:-none hyper-only tokio shardwheel}
 . examples/need-tool.sh
 need_tool valgrind
 need_tool wrk
+need_tool objdump binutils
 
 timeout 1800 cargo build --release --quiet --features hyper --example server
 server=target/release/examples/server
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# One run of backend $1: prints "requests instructions".
+# The atomic read-modify-write instructions executed in callgrind output $1 (written with
+# --dump-instr=yes, uncompressed): their addresses from objdump, object by object, then the
+# counts callgrind gives those addresses. The line after a `calls=` line is the call's
+# inclusive cost, not an instruction's: skipped.
+locked_instructions() {
+  local out=$1 object
+  : >"$work/locked"
+  while read -r object; do
+    [ -f "$object" ] || continue
+    objdump -d --no-show-raw-insn "$object" |
+      awk -v o="$object" '($2 == "lock" || ($2 == "xchg" && $3 ~ /\(/)) {
+        a = $1; sub(":", "", a); sub(/^0+/, "", a); print o, a }' >>"$work/locked"
+  done < <(sed -n 's/^ob=//p' "$out" | sort -u)
+  awk 'NR == FNR { locked[$1 " " $2] = 1; next }
+    /^ob=/ { object = substr($0, 4); next }
+    /^calls=/ { skip = 1; next }
+    /^0x/ {
+      if (skip) { skip = 0; next }
+      a = substr($1, 3); sub(/^0+/, "", a)
+      if ((object " " a) in locked) n += $3
+    }
+    END { print n + 0 }' "$work/locked" "$out"
+}
+
+# One run of backend $1: prints "requests instructions locked_instructions".
 run_one() {
   local timer=$1
   # Valgrind starts slowly: the server waits 4 s for wrk, and outlives it by 2 s.
   timeout -k 5 $((S + 120)) valgrind --tool=callgrind --callgrind-out-file="$work/out" \
+    --dump-instr=yes --compress-pos=no --compress-strings=no \
     "$server" --timer "$timer" --workers 1 --addr "127.0.0.1:$PORT" --seconds $((S + 6)) \
     >"$work/server.json" 2>"$work/valgrind.err" &
   local pid=$!
@@ -51,33 +82,43 @@ run_one() {
   local requests instructions
   requests=$(grep -o '"requests":[0-9]*' "$work/server.json" | cut -d: -f2)
   instructions=$(awk '/^summary:/ {print $2}' "$work/out")
-  echo "$requests $instructions"
+  echo "$requests $instructions $(locked_instructions "$work/out")"
 }
 
-printf '%-11s %-5s %10s %14s %14s\n' timer round requests instructions per_request
+printf '%-11s %-5s %10s %14s %14s %8s\n' timer round requests instructions per_request locked
 for round in $(seq 1 "$R"); do
   for timer in $TIMERS; do
-    read -r requests instructions < <(run_one "$timer")
+    read -r requests instructions locked < <(run_one "$timer")
     per=$(awk -v i="$instructions" -v r="$requests" 'BEGIN {printf "%.0f", i / r}')
-    printf '%-11s %-5s %10s %14s %14s\n' "$timer" "$round" "$requests" "$instructions" "$per"
-    echo "$timer $per" >>"$work/results"
+    locked_per=$(awk -v l="$locked" -v r="$requests" 'BEGIN {printf "%.2f", l / r}')
+    printf '%-11s %-5s %10s %14s %14s %8s\n' "$timer" "$round" "$requests" "$instructions" "$per" \
+      "$locked_per"
+    echo "$timer $per $locked_per" >>"$work/results"
   done
 done
 
 echo
-echo "instructions per request: min / median / max over $R rounds"
-median() { sort -n | awk '{v[NR] = $1} END {printf "%d / %d / %d", v[1], v[int((NR + 1) / 2)], v[NR]}'; }
-per_of() { awk -v t="$1" '$1 == t {print $2}' "$work/results"; }
-middle() { per_of "$1" | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+echo "per request: min / median / max over $R rounds; \"above\": the difference of the medians"
+# min / median / max of column $2 of backend $1's results (the lower middle of an even count).
+spread() {
+  awk -v t="$1" -v c="$2" '$1 == t {print $c}' "$work/results" | sort -g |
+    awk '{v[NR] = $1} END {printf "%s / %s / %s", v[1], v[int((NR + 1) / 2)], v[NR]}'
+}
+middle() { spread "$1" "$2" | awk -F' / ' '{print $2}'; }
 for timer in $TIMERS; do
-  line="$(per_of "$timer" | median)"
-  floors="none hyper-only"
-  [ "$timer" = hyper-only ] && floors=none
-  [ "$timer" = none ] && floors=""
-  for floor in $floors; do
-    if grep -q "^$floor " "$work/results"; then
-      line="$line; above $floor (medians): $(($(middle "$timer") - $(middle "$floor")))"
-    fi
+  for column in 2 3; do
+    if [ "$column" = 2 ]; then what=instructions; else what="locked instructions"; fi
+    line="$(spread "$timer" "$column")"
+    floors="none hyper-only"
+    [ "$timer" = hyper-only ] && floors=none
+    [ "$timer" = none ] && floors=""
+    for floor in $floors; do
+      if grep -q "^$floor " "$work/results"; then
+        line="$line; above $floor: $(awk -v a="$(middle "$timer" "$column")" \
+          -v b="$(middle "$floor" "$column")" -v c="$column" \
+          'BEGIN {printf (c == 2 ? "%.0f" : "%.2f"), a - b}')"
+      fi
+    done
+    printf '%-11s %-20s %s\n' "$timer" "$what" "$line"
   done
-  printf '%-11s %s\n' "$timer" "$line"
 done
