@@ -289,6 +289,16 @@ impl TickClock {
         (tick > self.passed.load(Ordering::Relaxed)).then_some(tick)
     }
 
+    /// Whether no shard has reached `tick`: it is after the latest tick any shard read
+    /// ([`now_tick`](Self::now_tick)). A shard fires a timer only in a turn whose tick, read by
+    /// `now_tick` before it fires anything, is at or past the timer's: so a timer due at `tick`
+    /// has not fired, as far as any thread that has seen that firing's effects (its wake-up)
+    /// can tell. Reads no clock.
+    #[inline]
+    pub(crate) fn not_reached(&self, tick: u64) -> bool {
+        tick > self.passed.load(Ordering::Relaxed)
+    }
+
     /// The deadline `delay` from now: on the cycle clock (see [`tick_after`](Self::tick_after))
     /// in nanoseconds, else (or beyond them) an instant; beyond representable time,
     /// [`far_future`]'s.

@@ -513,6 +513,7 @@ impl ShardOwner {
     #[cfg_attr(shardwheel_loom, allow(dead_code))] // Under loom the worker lets a panic through.
     pub(crate) fn wake_sleeps_after_failure(&mut self, handoff: &mut Handoff) {
         let shared = self.shared.clone();
+        shared.note_sweep();
         for (index, task, _) in self.entries.iter_mut() {
             if !task.as_ref().is_some_and(Task::runs_inline) {
                 continue;
@@ -557,6 +558,7 @@ impl ShardOwner {
         while self.compaction.is_under_way() {
             self.compact_if_sparse(u64::MAX);
         }
+        shared.note_sweep();
         let mut unfired = Vec::new();
         let entries = &mut self.entries;
         for (index, task, links) in entries.iter_mut() {

@@ -116,9 +116,10 @@ pub(crate) struct Meta {
 }
 
 /// Where a timer was staged, for [`Stages::retract`] by the thread that staged it: the
-/// stage's number in its shard's registry and the cell's, in one word (a `Sleep` keeps it).
+/// stage's number in its shard's registry (plus one) and the cell's, in one word (a `Sleep`
+/// keeps it). Never 0, so that an `Option<StagedAt>` takes no more room.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StagedAt(u32);
+pub(crate) struct StagedAt(std::num::NonZeroU32);
 
 /// Stages a shard registers at most (their numbers fit [`StagedAt`]); threads beyond take
 /// the inbox.
@@ -126,15 +127,18 @@ const MAX_STAGES: usize = u16::MAX as usize;
 
 impl StagedAt {
     fn new(stage: u16, position: u64) -> StagedAt {
-        StagedAt(u32::from(stage) << 16 | (position % CAPACITY) as u32)
+        // A stage's number is below `MAX_STAGES`: plus one, it fits the high half, not 0.
+        let word = (u32::from(stage) + 1) << 16 | (position % CAPACITY) as u32;
+        debug_assert!(usize::from(stage) < MAX_STAGES && word >> 16 != 0);
+        StagedAt(std::num::NonZeroU32::new(word).unwrap_or(std::num::NonZeroU32::MAX))
     }
 
     fn stage(self) -> u16 {
-        (self.0 >> 16) as u16
+        ((self.0.get() >> 16) - 1) as u16
     }
 
     fn cell(self) -> u64 {
-        u64::from(self.0 & 0xffff)
+        u64::from(self.0.get() & 0xffff)
     }
 }
 

@@ -32,13 +32,14 @@
 //! | a keeping sleep with a timer is dropped | its timer becomes the latest, pending or not (not read: the take reads it); the one it replaces is placed (next row) |
 //! | the latest is placed, its identity known | kept in its place, letting go of a timer there (the same task's) |
 //! | the same, its identity not known | noted in its place if that is free (the table grows if it can; at its largest, another's identity without a timer is noted over); the timer is let go of |
-//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity in the latest or its place, due at or before its deadline (on a manual clock, a deadline that has not passed: its shard turns only in `advance`) | taken over if still pending (read after the identity: see below), else let go of; a known identity stays known |
+//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity in the latest or its place, due at or before its deadline (on a manual clock, a deadline that has not passed: its shard turns only in `advance`) | taken over if still pending (known after the identity: see below), else let go of; a known identity stays known |
 //! | the table grows | every entry placed again; of two that meet, one with a timer stays, and the other's timer is let go of |
 //! | the thread exits | every one let go of |
 //!
 //! A waker's identity (its addresses) names the same waker only while that waker is alive,
 //! which it is while the timer that holds it is pending: so the taker compares identities, then
-//! reads the timer pending, and only then knows the timer wakes its own task. A known identity
+//! knows the timer pending (`TimerSlot::surely_pending`, or its slot read), and only then knows
+//! the timer wakes its own task. A known identity
 //! without a timer names nothing alive: if another task's waker comes to have it, that task
 //! only has its first timer kept where it would have been cancelled.
 //!
@@ -187,7 +188,7 @@ fn take_held(
     }
     // Pending, read after the identities matched: the kept timer's waker is alive, so it is
     // this task's (see the module documentation).
-    if kept.timer.state(engine) != TimerState::Pending {
+    if !kept.timer.surely_pending(engine) && kept.timer.state(engine) != TimerState::Pending {
         // Fired, or cancelled by shutdown: its task is gone already, so letting go of it runs
         // no user code, and may happen in the table's borrow.
         *held = None;

@@ -51,6 +51,8 @@ struct TimerSlot {
     generation: u32,
     /// Where the timer was staged (see [`stage`](crate::engine::stage)), if it was.
     staged: Option<StagedAt>,
+    /// The tick it is due at, as its slot has it (see [`surely_pending`](Self::surely_pending)).
+    tick: u64,
 }
 
 impl TimerSlot {
@@ -60,6 +62,7 @@ impl TimerSlot {
         index: 0,
         generation: 0,
         staged: None,
+        tick: 0,
     };
 
     #[inline]
@@ -72,17 +75,35 @@ impl TimerSlot {
         self.shard(engine).slots.state(self.index, self.generation)
     }
 
+    /// Whether the timer is certainly pending, known without reading its slot
+    /// (a line of the engine's that a server's worker, touching it once per request, finds
+    /// cold): no shard has reached its tick ([`TickClock::not_reached`]), so it has not fired,
+    /// and its shard has not swept its timers ([`ShardShared::swept`]), the only cancel not
+    /// made by the timer's own sleep (or its thread's kept timers). Either may have happened
+    /// unseen just before: then its wake-up of this task comes after this poll, which polls
+    /// again. `false` says nothing: read the slot.
+    ///
+    /// [`TickClock::not_reached`]: crate::clock::TickClock::not_reached
+    #[inline(always)]
+    fn surely_pending(self, engine: &Engine) -> bool {
+        engine.clock.not_reached(self.tick) && !self.shard(engine).has_swept()
+    }
+
     /// [`TimerHandle::cancel`](crate::TimerHandle::cancel); the handle stays.
     fn cancel(self, engine: &Engine) -> bool {
         self.shard(engine).cancel(self.index, self.generation)
     }
 
     /// [`TimerHandle::reset_at`](crate::TimerHandle::reset_at).
-    fn reset_at(self, engine: &Engine, deadline: Instant) -> bool {
+    fn reset_at(&mut self, engine: &Engine, deadline: Instant) -> bool {
         let shard = self.shard(engine);
         let tick = shard.clock.tick_at(deadline);
         // One-shot: never waits for its shard.
-        shard.reset(self.index, self.generation, tick, worker::let_catch_up)
+        let moved = shard.reset(self.index, self.generation, tick, worker::let_catch_up);
+        if moved {
+            self.tick = tick;
+        }
+        moved
     }
 
     /// Counts a reset that moved only the sleep's deadline (see [`Sleep::reset`]), as the
@@ -120,7 +141,10 @@ impl TimerSlot {
 /// named here is the task's own waker, which lives as long as the task: until the task runs
 /// (the shard marks the timer FIRED first) or the shard drops it (after the timer left PENDING).
 /// So a poll that has just read the timer PENDING compares with a waker that is alive, as is
-/// the poll's own: equal addresses are then the same waker, never a reuse.
+/// the poll's own: equal addresses are then the same waker, never a reuse. The same holds for
+/// a poll that knows the timer pending without reading it ([`TimerSlot::surely_pending`]): for
+/// the poll's waker to have the addresses of a dead one, that one's drop, and so the timer's
+/// end before it, must have happened before the poll, which would then have seen the end.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 struct WakerIdentity {
     data: usize,
@@ -169,7 +193,9 @@ impl WakerIdentity {
 ///
 /// No wake-up is lost: a poll that returns pending either scheduled the timer for its own
 /// waker, or found the timer pending with a waker that wakes the same task (the sleep keeps the
-/// identity of the waker the timer's task holds, not a clone: see `WakerIdentity`). A timer
+/// identity of the waker the timer's task holds, not a clone: see `WakerIdentity`). It finds
+/// the timer pending without reading its slot while no shard has reached the timer's tick and
+/// its shard has swept nothing (`TimerSlot::surely_pending`), else in the slot. A timer
 /// that fires while a poll replaces it makes that poll's `cancel` fail, and the poll completes
 /// instead. On a manual clock, a poll that
 /// schedules looks at the time again afterwards, since the shard turns only in `advance`.
@@ -397,6 +423,7 @@ impl Sleep {
                     index,
                     generation,
                     staged,
+                    tick,
                 };
                 // A manual clock's shard turns only in `advance`: one that passed the deadline
                 // and drove the shard before the timer reached it would leave the timer to the
@@ -457,7 +484,11 @@ impl Sleep {
         let engine = &self.engine;
         let clock = engine.clock.clock();
         let timer = self.timer;
-        let mut state = timer.state(engine);
+        let mut state = if timer.surely_pending(engine) {
+            TimerState::Pending
+        } else {
+            timer.state(engine)
+        };
         // A pending timer's shard fires it once its deadline passes, as tokio's driver does: a
         // poll reads no clock. But a manual clock's shard turns only in `advance`, which may
         // have passed the deadline before the timer reached the shard: there time decides.
