@@ -1,0 +1,58 @@
+//! What single operations cost on this machine, in nanoseconds: the yardstick for reading
+//! instruction counts (callgrind, `examples/server-instructions.sh`) as time.
+//!
+//! ```sh
+//! cargo run --release --example op-costs
+//! ```
+//!
+//! Each line is the median of 5 timed loops of the operation alone (a loop of plain adds is the
+//! baseline): an uncontended atomic read-modify-write on a line this thread owns
+//! (`fetch_add`, a `lock xadd`), `Instant::now()` (the vDSO's `clock_gettime`), and on x86-64
+//! the cycle counter (`rdtsc`) that `shardwheel`'s cycle clock reads. Callgrind counts each of
+//! them as one instruction, or a few dozen for `Instant::now()`.
+
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Iterations per timed loop.
+const ROUNDS: u64 = 20_000_000;
+
+/// The median over 5 loops of `op`'s time per call, in nanoseconds.
+fn per_call(mut op: impl FnMut(u64)) -> f64 {
+    let mut times: Vec<f64> = (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            for i in 0..ROUNDS {
+                op(black_box(i));
+            }
+            start.elapsed().as_nanos() as f64 / ROUNDS as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[2]
+}
+
+fn main() {
+    let mut sum = 0u64;
+    let plain = per_call(|i| sum = black_box(sum.wrapping_add(i)));
+    println!("plain add (loop baseline)     {plain:6.2} ns");
+    let counter = AtomicU64::new(0);
+    let locked = per_call(|i| {
+        counter.fetch_add(i, Ordering::Relaxed);
+    });
+    println!("atomic fetch_add (lock xadd)  {locked:6.2} ns");
+    let now = per_call(|_| {
+        black_box(Instant::now());
+    });
+    println!("Instant::now()                {now:6.2} ns");
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `rdtsc` has no preconditions on x86-64; it only reads the counter.
+        let cycles = per_call(|_| {
+            black_box(unsafe { std::arch::x86_64::_rdtsc() });
+        });
+        println!("rdtsc                         {cycles:6.2} ns");
+    }
+    black_box(sum);
+}
