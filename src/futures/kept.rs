@@ -39,9 +39,9 @@
 //! A waker's identity (its addresses) names the same waker only while that waker is alive,
 //! which it is while the timer that holds it is pending: so the taker compares identities, then
 //! knows the timer pending (`TimerSlot::surely_pending`, or its slot read), and only then knows
-//! the timer wakes its own task. A known identity
-//! without a timer names nothing alive: if another task's waker comes to have it, that task
-//! only has its first timer kept where it would have been cancelled.
+//! the timer wakes its own task. A known identity without a timer names nothing alive: if
+//! another task's waker comes to have it, that task only has its first timer kept where it
+//! would have been cancelled.
 //!
 //! Only the default timer's sleeps keep (it is never dropped, so a kept timer holds its engine
 //! with a plain reference), and only if it has no `max_pending` limit (`Timer::keeps_timers`
@@ -186,7 +186,7 @@ fn take_held(
     if !std::ptr::eq(kept.engine, engine) || !engine.clock.no_later_than(kept.due, sleep.deadline) {
         return None;
     }
-    // Pending, read after the identities matched: the kept timer's waker is alive, so it is
+    // Pending, known after the identities matched: the kept timer's waker is alive, so it is
     // this task's (see the module documentation).
     if !kept.timer.surely_pending(engine) && kept.timer.state(engine) != TimerState::Pending {
         // Fired, or cancelled by shutdown: its task is gone already, so letting go of it runs
