@@ -286,7 +286,7 @@ impl TickClock {
             return self.tick_if_ahead(self.instant_of(deadline));
         }
         let tick = self.tick_of(deadline);
-        (tick > self.passed.load(Ordering::Relaxed)).then_some(tick)
+        self.not_reached(tick).then_some(tick)
     }
 
     /// Whether no shard has reached `tick`: it is after the latest tick any shard read

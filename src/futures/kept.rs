@@ -38,7 +38,7 @@
 //!
 //! A waker's identity (its addresses) names the same waker only while that waker is alive,
 //! which it is while the timer that holds it is pending: so the taker compares identities, then
-//! knows the timer pending (`TimerSlot::surely_pending`, or its slot read), and only then knows
+//! knows the timer pending (`TimerSlot::known_state`), and only then knows
 //! the timer wakes its own task. A known identity without a timer names nothing alive: if
 //! another task's waker comes to have it, that task only has its first timer kept where it
 //! would have been cancelled.
@@ -188,7 +188,7 @@ fn take_held(
     }
     // Pending, known after the identities matched: the kept timer's waker is alive, so it is
     // this task's (see the module documentation).
-    if !kept.timer.surely_pending(engine) && kept.timer.state(engine) != TimerState::Pending {
+    if kept.timer.known_state(engine) != TimerState::Pending {
         // Fired, or cancelled by shutdown: its task is gone already, so letting go of it runs
         // no user code, and may happen in the table's borrow.
         *held = None;

@@ -89,6 +89,17 @@ impl TimerSlot {
         engine.clock.not_reached(self.tick) && !self.shard(engine).has_swept()
     }
 
+    /// The timer's state: pending if [`surely_pending`](Self::surely_pending) says so, else
+    /// as its slot has it.
+    #[inline]
+    fn known_state(self, engine: &Engine) -> TimerState {
+        if self.surely_pending(engine) {
+            TimerState::Pending
+        } else {
+            self.state(engine)
+        }
+    }
+
     /// [`TimerHandle::cancel`](crate::TimerHandle::cancel); the handle stays.
     fn cancel(self, engine: &Engine) -> bool {
         self.shard(engine).cancel(self.index, self.generation)
@@ -484,11 +495,7 @@ impl Sleep {
         let engine = &self.engine;
         let clock = engine.clock.clock();
         let timer = self.timer;
-        let mut state = if timer.surely_pending(engine) {
-            TimerState::Pending
-        } else {
-            timer.state(engine)
-        };
+        let mut state = timer.known_state(engine);
         // A pending timer's shard fires it once its deadline passes, as tokio's driver does: a
         // poll reads no clock. But a manual clock's shard turns only in `advance`, which may
         // have passed the deadline before the timer reached the shard: there time decides.
