@@ -119,7 +119,7 @@ impl Backend for ShardwheelBackend {
     }
 
     fn reset(sleep: Pin<&mut Self::Sleep>, delay: Duration) {
-        sleep.reset(std::time::Instant::now() + delay);
+        sleep.reset_after(delay);
     }
 
     fn timeout<F: Future + Send>(

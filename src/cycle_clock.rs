@@ -115,6 +115,14 @@ pub(crate) fn now_nanos() -> Option<u64> {
     imp::now_nanos()
 }
 
+/// [`now_nanos`] as an instant: never before `Instant::now()` at the call (at most about
+/// [`MARGIN_NANOS`] after it), or `None` where this clock is not used. For `HyperTimer::now`.
+#[cfg(feature = "hyper")]
+#[inline]
+pub(crate) fn now_instant() -> Option<Instant> {
+    origin().checked_add(std::time::Duration::from_nanos(now_nanos()?))
+}
+
 #[cfg(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom)))]
 mod imp {
     use super::{MARGIN_NANOS, REFRESH_NANOS, SAMPLE_MAX_NANOS, SAMPLE_NANOS, SOURCE_CHECK_NANOS};

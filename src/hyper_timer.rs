@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct HyperTimer {
     timer: Which,
-    /// The timer runs on the system clock: [`now`](hyper::rt::Timer::now) is `Instant::now()`,
-    /// found without following the timer to its clock (lines a server's worker has rarely
-    /// read since the last request).
+    /// The timer runs on the system clock: [`now`](hyper::rt::Timer::now) reads it without
+    /// following the timer to its clock (lines a server's worker has rarely read since the
+    /// last request).
     system_clock: bool,
 }
 
@@ -103,9 +103,13 @@ impl hyper::rt::Timer for HyperTimer {
         })
     }
 
+    /// The current time. On the system clock it is read as the engine reads it for
+    /// [`sleep`](crate::sleep): from the cycle counter where that is sound
+    /// (`src/cycle_clock.rs`), never before `Instant::now()` and at most tens of microseconds
+    /// after it, so a deadline hyper adds to it is never early; elsewhere `Instant::now()`.
     fn now(&self) -> Instant {
         if self.system_clock {
-            return Instant::now();
+            return crate::cycle_clock::now_instant().unwrap_or_else(Instant::now);
         }
         self.timer().clock().now()
     }

@@ -1,8 +1,8 @@
 //! `Timer::sleep` / `Timer::sleep_until`: the `Sleep` future's type, its never-early
 //! completion, lazy registration (no timer before the first pending poll), cancellation on drop
-//! (with the memory behind it released at once), `Sleep::reset` in both directions and after
-//! completion, and what a sleep does when the engine cannot keep its timer (panics; the `try_`
-//! constructor and `poll_sleep` report the error).
+//! (with the memory behind it released at once), `Sleep::reset` (and `reset_after`) in both
+//! directions and after completion, and what a sleep does when the engine cannot keep its timer
+//! (panics; the `try_` constructor and `poll_sleep` report the error).
 
 mod support;
 
@@ -237,6 +237,32 @@ fn reset_moves_the_deadline_later() {
     assert!(poll_noop(&mut pinned).is_pending());
     block_on(&mut pinned);
     assert!(Instant::now() >= deadline);
+}
+
+#[test]
+fn reset_after_is_never_early_in_either_direction() {
+    let timer = timer(2);
+    let sleep = timer.sleep(Duration::from_millis(10));
+    let mut pinned = std::pin::pin!(sleep);
+    assert!(poll_noop(&mut pinned).is_pending());
+    // Later than the timer: it stays, and the sleep schedules anew when it fires.
+    let later_from = Instant::now();
+    pinned.as_mut().reset_after(Duration::from_millis(80));
+    assert!(pinned.deadline() >= later_from + Duration::from_millis(80));
+    std::thread::sleep(Duration::from_millis(30));
+    assert!(poll_noop(&mut pinned).is_pending());
+    block_on(&mut pinned);
+    assert!(Instant::now() >= later_from + Duration::from_millis(80));
+    // Earlier than an armed timer's: moved in place.
+    let mut sleep = timer.sleep(Duration::from_secs(60));
+    assert!(poll_noop(&mut sleep).is_pending());
+    let earlier_from = Instant::now();
+    Pin::new(&mut sleep).reset_after(Duration::from_millis(20));
+    block_on(&mut sleep);
+    assert!(Instant::now() >= earlier_from + Duration::from_millis(20));
+    // A delay beyond representable time never ends.
+    Pin::new(&mut sleep).reset_after(Duration::MAX);
+    assert!(poll_noop(&mut sleep).is_pending());
 }
 
 #[test]

@@ -378,6 +378,29 @@ impl Sleep {
         }
     }
 
+    /// [`reset`](Self::reset) to `delay` from now, reading the clock as [`sleep`](crate::sleep)
+    /// does (on the system clock, from the cycle counter where that is sound: never before
+    /// `Instant::now()`, at most tens of microseconds after it), so it is never early and
+    /// usually cheaper than `reset(Instant::now() + delay)`. A delay beyond representable time
+    /// never ends.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let timer = shardwheel::Timer::builder().shards(1).build()?;
+    /// use std::time::Duration;
+    /// let mut idle = std::pin::pin!(timer.sleep(Duration::from_secs(60)));
+    /// // A request came in: the connection's idle timeout starts over.
+    /// idle.as_mut().reset_after(Duration::from_secs(60));
+    /// assert!(!idle.is_elapsed());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reset_after(self: Pin<&mut Self>, delay: Duration) {
+        let clock = &self.engine.clock;
+        let deadline = clock.instant_of(clock.deadline_after(delay));
+        self.reset(deadline);
+    }
+
     /// Moves an armed sleep's deadline to `deadline`, at or after `due`, when its timer is
     /// due: the timer stays (see "How it works").
     #[inline]
