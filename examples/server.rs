@@ -9,7 +9,9 @@
 //! 127.0.0.1:8080), `--workers N` (tokio worker threads; default: available parallelism),
 //! `--seconds S` (the server stops by itself after S seconds; default 10), `--idle-seconds S`
 //! (the connection idle timeout; default 60). At exit it prints one
-//! JSON line: requests served, its own CPU time (user + system, `getrusage`) and CPU per request.
+//! JSON line: requests served, its own CPU time (user + system, `getrusage`) and CPU per request,
+//! and on shardwheel the timers its engine scheduled and cancelled (`Stats`; a sleep that takes
+//! over the timer its connection's previous sleep kept schedules none).
 //!
 //! Every backend runs the same code ([`serve_connection`] is generic over [`Backend`]), with
 //! three timeouts:
@@ -18,7 +20,7 @@
 //! |---|---|---|---|---|---|---|
 //! | hyper's header read | 30 s | each request's head | `TokioTimer` | `shardwheel::HyperTimer` | off | a timer whose sleeps never fire |
 //! | request | 30 s | wraps each request's response future | `tokio::time::timeout` | `shardwheel::timeout` | off | off |
-//! | connection idle | 60 s | one `Sleep` per connection, reset after each request | `tokio::time::sleep` | `shardwheel::sleep` | off | off |
+//! | connection idle | 60 s | one `Sleep` per connection, reset after each request | `tokio::time::sleep` (`reset(Instant::now() + d)`) | `shardwheel::sleep` (`reset_after(d)`) | off | off |
 //!
 //! `none` is the floor: what the server costs without any timer. `hyper-only` is what hyper
 //! adds once it has a timer at all, whichever: with a header-read timeout it reads once more
@@ -70,6 +72,10 @@ trait Backend: 'static {
     ) -> impl Future<Output = Result<F::Output, TimedOut>> + Send;
     /// Sets hyper's timer and header-read timeout.
     fn configure(builder: &mut http1::Builder);
+    /// The timers its engine has scheduled and cancelled so far, where it counts them.
+    fn timer_counts() -> Option<(u64, u64)> {
+        None
+    }
 }
 
 /// A request that outlived [`REQUEST_TIMEOUT`].
@@ -134,6 +140,11 @@ impl Backend for ShardwheelBackend {
         builder
             .timer(shardwheel::HyperTimer::default())
             .header_read_timeout(HEADER_READ_TIMEOUT);
+    }
+
+    fn timer_counts() -> Option<(u64, u64)> {
+        let stats = shardwheel::default_timer().ok()?.stats();
+        Some((stats.scheduled, stats.cancelled))
     }
 }
 
@@ -283,6 +294,8 @@ pub(crate) struct Report {
     pub(crate) request_timeouts: u64,
     pub(crate) cpu_user_us: u64,
     pub(crate) cpu_system_us: u64,
+    /// Timers scheduled and cancelled during the run (shardwheel only).
+    pub(crate) timer_counts: Option<(u64, u64)>,
 }
 
 impl Report {
@@ -296,7 +309,7 @@ impl Report {
         format!(
             "{{\"timer\":\"{}\",\"workers\":{},\"seconds\":{},\"connections\":{},\
              \"idle_closed\":{},\"requests\":{},\"request_timeouts\":{},\"cpu_user_us\":{},\
-             \"cpu_system_us\":{},\"cpu_us_per_request\":{:.3}}}",
+             \"cpu_system_us\":{},\"cpu_us_per_request\":{:.3}{}}}",
             self.timer,
             self.workers,
             self.seconds,
@@ -306,7 +319,12 @@ impl Report {
             self.request_timeouts,
             self.cpu_user_us,
             self.cpu_system_us,
-            per_request
+            per_request,
+            match self.timer_counts {
+                Some((scheduled, cancelled)) =>
+                    format!(",\"timers_scheduled\":{scheduled},\"timers_cancelled\":{cancelled}"),
+                None => String::new(),
+            }
         )
     }
 }
@@ -398,6 +416,7 @@ fn run_on<B: Backend>(
     let idle_before = IDLE_CLOSED.load(Ordering::Relaxed);
     let timeouts_before = REQUEST_TIMEOUTS.load(Ordering::Relaxed);
     let cpu_before = cpu_time_us();
+    let timers_before = B::timer_counts();
     listener.set_nonblocking(true)?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(listener)?;
@@ -417,6 +436,9 @@ fn run_on<B: Backend>(
         Ok::<(), std::io::Error>(())
     })?;
     let (cpu_user_us, cpu_system_us) = cpu_time_us();
+    let timer_counts = B::timer_counts()
+        .zip(timers_before)
+        .map(|(after, before)| (after.0 - before.0, after.1 - before.1));
     let report = Report {
         timer: B::NAME,
         workers: config.workers,
@@ -427,6 +449,7 @@ fn run_on<B: Backend>(
         request_timeouts: REQUEST_TIMEOUTS.load(Ordering::Relaxed) - timeouts_before,
         cpu_user_us: cpu_user_us - cpu_before.0,
         cpu_system_us: cpu_system_us - cpu_before.1,
+        timer_counts,
     };
     // Open connections are dropped with their tasks, not drained.
     runtime.shutdown_background();
