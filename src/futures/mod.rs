@@ -380,8 +380,8 @@ impl Sleep {
 
     /// [`reset`](Self::reset) to `delay` from now, reading the clock as [`sleep`](crate::sleep)
     /// does (on the system clock, from the cycle counter where that is sound: never before
-    /// `Instant::now()`, at most tens of microseconds after it), so it is never early and
-    /// usually cheaper than `reset(Instant::now() + delay)`. A delay beyond representable time
+    /// `Instant::now()`, at most tens of microseconds after it): never early, and without the
+    /// ordered clock read of `reset(Instant::now() + delay)`. A delay beyond representable time
     /// never ends.
     ///
     /// ```
