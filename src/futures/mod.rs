@@ -785,11 +785,7 @@ impl Interval {
 
     /// The next tick is one period from now, and the grid continues from it.
     pub fn reset(&mut self) {
-        let now = self.now();
-        self.reset_at(
-            now.checked_add(self.period)
-                .unwrap_or_else(|| crate::clock::far_future(now)),
-        );
+        self.reset_after(self.period);
     }
 
     /// The next tick is now, and the grid continues from it.
@@ -800,11 +796,7 @@ impl Interval {
 
     /// The next tick is `after` from now, and the grid continues from it.
     pub fn reset_after(&mut self, after: Duration) {
-        let now = self.now();
-        self.reset_at(
-            now.checked_add(after)
-                .unwrap_or_else(|| crate::clock::far_future(now)),
-        );
+        Pin::new(&mut self.sleep).reset_after(after);
     }
 
     /// The next tick is at `deadline`, and the grid continues from it.
