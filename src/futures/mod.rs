@@ -364,17 +364,26 @@ impl Sleep {
     /// when it fires (see "How it works": one early wake-up of the task, never an early
     /// completion). An unarmed sleep's next poll schedules one.
     pub fn reset(self: Pin<&mut Self>, deadline: Instant) {
-        let this = self.get_mut();
-        this.elapsed = false;
-        if !this.armed {
-            this.deadline = Deadline::At(deadline);
+        self.get_mut().reset_to(Deadline::At(deadline));
+    }
+
+    /// [`reset`](Self::reset) to `deadline` in either form: compared with the timer's due
+    /// deadline as [`TickClock::no_later_than`](crate::clock::TickClock::no_later_than)
+    /// compares them (two cycle-clock deadlines without instant arithmetic).
+    #[inline]
+    fn reset_to(&mut self, deadline: Deadline) {
+        self.elapsed = false;
+        if !self.armed {
+            self.deadline = deadline;
             return;
         }
-        match this.timer_due {
+        match self.timer_due {
             // Later than the timer, which stays: the poll after it fires schedules one for the
             // new deadline (see "How it works").
-            Some(Deadline::At(due)) if deadline >= due => this.move_later(deadline, due),
-            _ => this.reset_armed(deadline),
+            Some(due) if self.engine.clock.no_later_than(due, deadline) => {
+                self.move_later(deadline, due)
+            }
+            _ => self.reset_armed(deadline),
         }
     }
 
@@ -396,17 +405,17 @@ impl Sleep {
     /// # }
     /// ```
     pub fn reset_after(self: Pin<&mut Self>, delay: Duration) {
-        let clock = &self.engine.clock;
-        let deadline = clock.instant_of(clock.deadline_after(delay));
-        self.reset(deadline);
+        let this = self.get_mut();
+        let deadline = this.engine.clock.deadline_after(delay);
+        this.reset_to(deadline);
     }
 
     /// Moves an armed sleep's deadline to `deadline`, at or after `due`, when its timer is
     /// due: the timer stays (see "How it works").
     #[inline]
-    fn move_later(&mut self, deadline: Instant, due: Instant) {
-        self.timer_due = Some(Deadline::At(due));
-        self.deadline = Deadline::At(deadline);
+    fn move_later(&mut self, deadline: Deadline, due: Deadline) {
+        self.timer_due = Some(due);
+        self.deadline = deadline;
         self.timer.count_reset(&self.engine);
     }
 
@@ -425,18 +434,19 @@ impl Sleep {
     /// timer whose due instant the sleep already knows.
     #[cold]
     #[inline(never)]
-    fn reset_armed(&mut self, deadline: Instant) {
-        let due = self.engine.clock.instant_of(self.timer_due());
-        if deadline >= due {
+    fn reset_armed(&mut self, deadline: Deadline) {
+        let due = self.timer_due();
+        if self.engine.clock.no_later_than(due, deadline) {
             return self.move_later(deadline, due);
         }
-        if self.timer.reset_at(&self.engine, deadline) {
+        let instant = self.engine.clock.instant_of(deadline);
+        if self.timer.reset_at(&self.engine, instant) {
             self.timer_due = None;
         } else {
             // It fired (or shutdown cancelled it): the next poll schedules anew.
             self.let_go_of_timer();
         }
-        self.deadline = Deadline::At(deadline);
+        self.deadline = deadline;
     }
 
     /// Schedules a timer due at `tick` (the deadline's) waking `waker` (the deadline is ahead, or
