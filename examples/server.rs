@@ -5,7 +5,7 @@
 //! cargo run --release --features hyper --example server -- --timer shardwheel --seconds 10
 //! ```
 //!
-//! Flags: `--timer shardwheel|tokio|none|hyper-only` (default shardwheel), `--addr 127.0.0.1:PORT` (default
+//! Flags: `--timer shardwheel|tokio|none|hyper-only|hyper-boxed` (default shardwheel), `--addr 127.0.0.1:PORT` (default
 //! 127.0.0.1:8080), `--workers N` (tokio worker threads; default: available parallelism),
 //! `--seconds S` (the server stops by itself after S seconds; default 10), `--idle-seconds S`
 //! (the connection idle timeout; default 60). At exit it prints one
@@ -16,15 +16,18 @@
 //! Every backend runs the same code ([`serve_connection`] is generic over [`Backend`]), with
 //! three timeouts:
 //!
-//! | timeout | duration | set | tokio | shardwheel | none | hyper-only |
-//! |---|---|---|---|---|---|---|
-//! | hyper's header read | 30 s | each request's head | `TokioTimer` | `shardwheel::HyperTimer` | off | a timer whose sleeps never fire |
-//! | request | 30 s | wraps each request's response future | `tokio::time::timeout` | `shardwheel::timeout` | off | off |
-//! | connection idle | 60 s | one `Sleep` per connection, reset after each request | `tokio::time::sleep` (`reset(Instant::now() + d)`) | `shardwheel::sleep` (`reset_after(d)`) | off | off |
+//! | timeout | duration | set | tokio | shardwheel | none | hyper-only | hyper-boxed |
+//! |---|---|---|---|---|---|---|---|
+//! | hyper's header read | 30 s | each request's head | `TokioTimer` | `shardwheel::HyperTimer` | off | a timer whose sleeps never fire | the same, each sleep on the heap |
+//! | request | 30 s | wraps each request's response future | `tokio::time::timeout` | `shardwheel::timeout` | off | off | off |
+//! | connection idle | 60 s | one `Sleep` per connection, reset after each request | `tokio::time::sleep` (`reset(Instant::now() + d)`) | `shardwheel::sleep` (`reset_after(d)`) | off | off | off |
 //!
 //! `none` is the floor: what the server costs without any timer. `hyper-only` is what hyper
 //! adds once it has a timer at all, whichever: with a header-read timeout it reads once more
 //! after each request's head (to start the next one's timeout) and boxes a sleep per request.
+//! `hyper-boxed` adds that box's allocation (its sleep holds the deadline, as any timer's must;
+//! `hyper-only`'s is zero-sized, so its box allocates nothing): together, what hyper costs with
+//! any timer, before the timer does any work of its own.
 //! Only the tokio backend turns on tokio's time driver, so each backend pays for its own timer
 //! only. `examples/server-bench.sh` runs them under `wrk` and prints requests/s and CPU per
 //! request; `examples/server-instructions.sh` counts instructions per request under callgrind.
@@ -231,6 +234,69 @@ impl hyper::rt::Timer for NeverTimer {
     }
 }
 
+/// [`HyperOnly`] with each header-read sleep on the heap, as a real timer's is: hyper boxes
+/// every sleep its timer returns, and drops it after each request's head.
+struct HyperBoxed;
+
+impl Backend for HyperBoxed {
+    const NAME: &'static str = "hyper-boxed";
+    const TOKIO_TIME: bool = false;
+    type Sleep = <NoTimer as Backend>::Sleep;
+
+    fn sleep(delay: Duration) -> Self::Sleep {
+        NoTimer::sleep(delay)
+    }
+
+    fn reset(sleep: Pin<&mut Self::Sleep>, delay: Duration) {
+        NoTimer::reset(sleep, delay)
+    }
+
+    fn timeout<F: Future + Send>(
+        delay: Duration,
+        future: F,
+    ) -> impl Future<Output = Result<F::Output, TimedOut>> + Send {
+        NoTimer::timeout(delay, future)
+    }
+
+    fn configure(builder: &mut http1::Builder) {
+        builder
+            .timer(BoxedNeverTimer)
+            .header_read_timeout(HEADER_READ_TIMEOUT);
+    }
+}
+
+/// A hyper timer whose sleeps never complete, each holding its deadline (so boxing one
+/// allocates).
+#[derive(Clone, Copy, Debug)]
+struct BoxedNeverTimer;
+
+/// [`BoxedNeverTimer`]'s sleep.
+struct DeadlineSleep {
+    _deadline: std::time::Instant,
+}
+
+impl Future for DeadlineSleep {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<()> {
+        Poll::Pending
+    }
+}
+
+impl hyper::rt::Sleep for DeadlineSleep {}
+
+impl hyper::rt::Timer for BoxedNeverTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        self.sleep_until(std::time::Instant::now() + duration)
+    }
+
+    fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
+        Box::pin(DeadlineSleep {
+            _deadline: deadline,
+        })
+    }
+}
+
 /// The server's settings (the command line's flags).
 #[derive(Clone, Debug)]
 pub(crate) struct Config {
@@ -264,7 +330,7 @@ impl Config {
                 }
                 "-h" | "--help" => {
                     return Err(
-                        "usage: server [--timer shardwheel|tokio|none|hyper-only] [--addr IP:PORT] \
+                        "usage: server [--timer shardwheel|tokio|none|hyper-only|hyper-boxed] [--addr IP:PORT] \
                                 [--workers N] [--seconds S] [--idle-seconds S]"
                             .into(),
                     );
@@ -354,9 +420,11 @@ pub(crate) fn run(
         ShardwheelBackend::NAME => run_on::<ShardwheelBackend>(config, listener),
         NoTimer::NAME => run_on::<NoTimer>(config, listener),
         HyperOnly::NAME => run_on::<HyperOnly>(config, listener),
-        other => {
-            Err(format!("unknown timer {other:?}: shardwheel, tokio, none or hyper-only").into())
-        }
+        HyperBoxed::NAME => run_on::<HyperBoxed>(config, listener),
+        other => Err(format!(
+            "unknown timer {other:?}: shardwheel, tokio, none, hyper-only or hyper-boxed"
+        )
+        .into()),
     }
 }
 

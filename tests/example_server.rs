@@ -91,7 +91,7 @@ impl Client {
 #[test]
 fn serves_and_stops_by_itself_with_each_timer() -> Result<(), Box<dyn std::error::Error>> {
     let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    for timer in ["none", "tokio", "shardwheel"] {
+    for timer in ["none", "hyper-only", "hyper-boxed", "tokio", "shardwheel"] {
         let started = Instant::now();
         let (addr, finished) = start(&["--timer", timer, "--workers", "2", "--seconds", "1"])?;
         let mut first = Client::connect(addr)?;
