@@ -78,6 +78,7 @@ impl Clock {
     }
 
     /// Whether this is a manual clock.
+    #[inline]
     pub fn is_manual(&self) -> bool {
         self.manual.is_some()
     }
@@ -250,6 +251,7 @@ impl TickClock {
         self.cycle_offset.is_some() && crate::cycle_clock::in_use()
     }
 
+    #[inline]
     pub(crate) fn clock(&self) -> &Clock {
         &self.clock
     }

@@ -166,6 +166,7 @@ impl WakerIdentity {
     /// No waker's (a vtable's address is never 0).
     const NONE: WakerIdentity = WakerIdentity { data: 0, vtable: 0 };
 
+    #[inline]
     fn of(waker: &Waker) -> WakerIdentity {
         WakerIdentity {
             data: waker.data().addr(),
@@ -370,7 +371,7 @@ impl Sleep {
     /// [`reset`](Self::reset) to `deadline` in either form: compared with the timer's due
     /// deadline as [`TickClock::no_later_than`](crate::clock::TickClock::no_later_than)
     /// compares them (two cycle-clock deadlines without instant arithmetic).
-    #[inline]
+    #[inline(always)]
     fn reset_to(&mut self, deadline: Deadline) {
         self.elapsed = false;
         if !self.armed {
@@ -492,6 +493,7 @@ impl Sleep {
     /// Polls the sleep, reporting with an error what [`poll`](Future::poll) panics on: the
     /// engine could not keep a timer for it (it is shut down, or full). After an error the
     /// sleep is unarmed: a later poll tries again.
+    #[inline]
     pub fn poll_sleep(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -500,8 +502,24 @@ impl Sleep {
         if this.elapsed {
             return Poll::Ready(Ok(()));
         }
+        // The poll of a sleep waiting on the system clock, repeated while it waits (a
+        // connection's idle timeout, polled after each request), in line: what `poll_armed`
+        // decides first, without its call.
         if this.armed
-            && let Some(done) = this.poll_armed(cx)
+            && this.timer.surely_pending(&this.engine)
+            && this.waker == WakerIdentity::of(cx.waker())
+            && !this.engine.clock.clock().is_manual()
+        {
+            return Poll::Pending;
+        }
+        this.poll_unsure(cx)
+    }
+
+    /// [`poll_sleep`](Self::poll_sleep) past its in-line cases.
+    #[inline(never)]
+    fn poll_unsure(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ScheduleError>> {
+        if self.armed
+            && let Some(done) = self.poll_armed(cx)
         {
             return done;
         }
@@ -509,16 +527,16 @@ impl Sleep {
         // timer's, which then fires at its shard's next turn (and is not pending at all if the
         // shard has seen its tick), as a timer armed now would. But a manual clock's shard turns
         // only in `advance`, which may never come: there a passed deadline completes first.
-        if this.keep && !this.passed_on_manual_clock() && this.take_kept(cx.waker()) {
+        if self.keep && !self.passed_on_manual_clock() && self.take_kept(cx.waker()) {
             return Poll::Pending;
         }
         // Lazy registration: the first poll that does not know the deadline passed schedules
         // (reading no clock: see `tick_unless_passed`).
-        let Some(tick) = this.engine.clock.tick_unless_passed(this.deadline) else {
-            this.elapsed = true;
+        let Some(tick) = self.engine.clock.tick_unless_passed(self.deadline) else {
+            self.elapsed = true;
             return Poll::Ready(Ok(()));
         };
-        this.arm(tick, cx.waker())
+        self.arm(tick, cx.waker())
     }
 
     /// [`poll_sleep`](Self::poll_sleep) of an armed sleep; `None` if it is unarmed now, its
@@ -601,10 +619,19 @@ impl Future for Sleep {
 }
 
 impl Drop for Sleep {
+    #[inline]
     fn drop(&mut self) {
-        if !self.armed {
-            return;
+        // An unarmed sleep (never polled, or done) holds nothing: in line, without a call.
+        if self.armed {
+            self.disarm();
         }
+    }
+}
+
+impl Sleep {
+    /// Drops an armed sleep's timer: kept for its task's next sleep, or cancelled.
+    #[inline(never)]
+    fn disarm(&mut self) {
         if self.keep
             && let Some(engine) = self.engine.as_forever()
         {
