@@ -16,7 +16,8 @@
 # not by its own cost.
 #
 # Environment: R (rounds, 3), S (seconds per run, 10), C (connections, 256), PORT (18080),
-# TIMERS ("none tokio shardwheel"), MODES ("1 2"). Needs wrk (installed with apt-get if missing),
+# TIMERS ("none tokio shardwheel"; the floors hyper-only and hyper-boxed may be added: see
+# examples/server.rs), MODES ("1 2"). Needs wrk (installed with apt-get if missing),
 # taskset (util-linux) and two CPUs for mode 1. Every process runs under `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
