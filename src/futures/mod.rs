@@ -425,6 +425,19 @@ impl Sleep {
         self.timer_due.unwrap_or(self.deadline)
     }
 
+    /// The drop of an armed sleep: its timer kept for its task's next sleep (see [`kept`]), or
+    /// cancelled.
+    #[inline(never)]
+    fn disarm(&mut self) {
+        if self.keep
+            && let Some(engine) = self.engine.as_forever()
+        {
+            kept::keep(engine, self);
+            return;
+        }
+        self.timer.cancel_and_release(&self.engine);
+    }
+
     /// Lets go of the armed timer (which has fired, or been cancelled): unarmed.
     fn let_go_of_timer(&mut self) {
         self.timer.release(&self.engine);
@@ -503,8 +516,9 @@ impl Sleep {
             return Poll::Ready(Ok(()));
         }
         // The poll of a sleep waiting on the system clock, repeated while it waits (a
-        // connection's idle timeout, polled after each request), in line: what `poll_armed`
-        // decides first, without its call.
+        // connection's idle timeout, polled after each request), in line: `poll_armed`'s
+        // first case (its timer known pending, so the identities compare live wakers: see
+        // `WakerIdentity`), without its call.
         if this.armed
             && this.timer.surely_pending(&this.engine)
             && this.waker == WakerIdentity::of(cx.waker())
@@ -625,20 +639,6 @@ impl Drop for Sleep {
         if self.armed {
             self.disarm();
         }
-    }
-}
-
-impl Sleep {
-    /// Drops an armed sleep's timer: kept for its task's next sleep, or cancelled.
-    #[inline(never)]
-    fn disarm(&mut self) {
-        if self.keep
-            && let Some(engine) = self.engine.as_forever()
-        {
-            kept::keep(engine, self);
-            return;
-        }
-        self.timer.cancel_and_release(&self.engine);
     }
 }
 
