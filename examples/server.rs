@@ -176,12 +176,15 @@ impl Backend for NoTimer {
 
 /// hyper's header-read timeout on a timer that costs nothing (its sleeps never fire), and no
 /// other timeout: what hyper itself does differently once it has a timer, whichever timer that
-/// is. A timer's share above this floor is the timer's own work.
-struct HyperOnly;
+/// is (`hyper-only`: [`NeverTimer`]'s sleeps, zero-sized). `BOXED` (`hyper-boxed`): each sleep
+/// on the heap, as a real timer's is ([`BoxedNeverTimer`]), hyper boxing every sleep its timer
+/// returns and dropping it after each request's head. A timer's share above this floor is the
+/// timer's own work.
+struct HyperOnly<const BOXED: bool>;
 
 /// As [`NoTimer`] but for hyper's timer.
-impl Backend for HyperOnly {
-    const NAME: &'static str = "hyper-only";
+impl<const BOXED: bool> Backend for HyperOnly<BOXED> {
+    const NAME: &'static str = if BOXED { "hyper-boxed" } else { "hyper-only" };
     const TOKIO_TIME: bool = false;
     type Sleep = <NoTimer as Backend>::Sleep;
 
@@ -201,9 +204,12 @@ impl Backend for HyperOnly {
     }
 
     fn configure(builder: &mut http1::Builder) {
-        builder
-            .timer(NeverTimer)
-            .header_read_timeout(HEADER_READ_TIMEOUT);
+        if BOXED {
+            builder.timer(BoxedNeverTimer)
+        } else {
+            builder.timer(NeverTimer)
+        }
+        .header_read_timeout(HEADER_READ_TIMEOUT);
     }
 }
 
@@ -231,37 +237,6 @@ impl hyper::rt::Timer for NeverTimer {
 
     fn sleep_until(&self, _: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(NeverSleep)
-    }
-}
-
-/// [`HyperOnly`] with each header-read sleep on the heap, as a real timer's is: hyper boxes
-/// every sleep its timer returns, and drops it after each request's head.
-struct HyperBoxed;
-
-impl Backend for HyperBoxed {
-    const NAME: &'static str = "hyper-boxed";
-    const TOKIO_TIME: bool = false;
-    type Sleep = <NoTimer as Backend>::Sleep;
-
-    fn sleep(delay: Duration) -> Self::Sleep {
-        NoTimer::sleep(delay)
-    }
-
-    fn reset(sleep: Pin<&mut Self::Sleep>, delay: Duration) {
-        NoTimer::reset(sleep, delay)
-    }
-
-    fn timeout<F: Future + Send>(
-        delay: Duration,
-        future: F,
-    ) -> impl Future<Output = Result<F::Output, TimedOut>> + Send {
-        NoTimer::timeout(delay, future)
-    }
-
-    fn configure(builder: &mut http1::Builder) {
-        builder
-            .timer(BoxedNeverTimer)
-            .header_read_timeout(HEADER_READ_TIMEOUT);
     }
 }
 
@@ -419,8 +394,8 @@ pub(crate) fn run(
         TokioBackend::NAME => run_on::<TokioBackend>(config, listener),
         ShardwheelBackend::NAME => run_on::<ShardwheelBackend>(config, listener),
         NoTimer::NAME => run_on::<NoTimer>(config, listener),
-        HyperOnly::NAME => run_on::<HyperOnly>(config, listener),
-        HyperBoxed::NAME => run_on::<HyperBoxed>(config, listener),
+        HyperOnly::<false>::NAME => run_on::<HyperOnly<false>>(config, listener),
+        HyperOnly::<true>::NAME => run_on::<HyperOnly<true>>(config, listener),
         other => Err(format!(
             "unknown timer {other:?}: shardwheel, tokio, none, hyper-only or hyper-boxed"
         )
