@@ -176,10 +176,9 @@ impl Backend for NoTimer {
 
 /// hyper's header-read timeout on a timer that costs nothing (its sleeps never fire), and no
 /// other timeout: what hyper itself does differently once it has a timer, whichever timer that
-/// is (`hyper-only`: [`NeverTimer`]'s sleeps, zero-sized). `BOXED` (`hyper-boxed`): each sleep
-/// on the heap, as a real timer's is ([`BoxedNeverTimer`]), hyper boxing every sleep its timer
-/// returns and dropping it after each request's head. A timer's share above this floor is the
-/// timer's own work.
+/// is (`hyper-only`). `BOXED` (`hyper-boxed`): each sleep on the heap, as a real timer's is,
+/// hyper boxing every sleep its timer returns and dropping it after each request's head (see
+/// [`NeverTimer`]). A timer's share above this floor is the timer's own work.
 struct HyperOnly<const BOXED: bool>;
 
 /// As [`NoTimer`] but for hyper's timer.
@@ -204,23 +203,24 @@ impl<const BOXED: bool> Backend for HyperOnly<BOXED> {
     }
 
     fn configure(builder: &mut http1::Builder) {
-        if BOXED {
-            builder.timer(BoxedNeverTimer)
-        } else {
-            builder.timer(NeverTimer)
-        }
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        builder
+            .timer(NeverTimer::<BOXED>)
+            .header_read_timeout(HEADER_READ_TIMEOUT);
     }
 }
 
-/// A hyper timer whose sleeps never complete; zero-sized, so boxing one allocates nothing.
+/// A hyper timer whose sleeps never complete. `BOXED`: each sleep holds its deadline, as any
+/// timer's must, so boxing one allocates; else they are zero-sized, and boxing one allocates
+/// nothing.
 #[derive(Clone, Copy, Debug)]
-struct NeverTimer;
+struct NeverTimer<const BOXED: bool>;
 
-/// [`NeverTimer`]'s sleep.
-struct NeverSleep;
+/// [`NeverTimer`]'s sleep, holding its deadline or nothing.
+struct NeverSleep<T> {
+    _held: T,
+}
 
-impl Future for NeverSleep {
+impl<T> Future for NeverSleep<T> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<()> {
@@ -228,47 +228,23 @@ impl Future for NeverSleep {
     }
 }
 
-impl hyper::rt::Sleep for NeverSleep {}
+impl<T: Send + Sync + 'static> hyper::rt::Sleep for NeverSleep<T> {}
 
-impl hyper::rt::Timer for NeverTimer {
-    fn sleep(&self, _: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(NeverSleep)
-    }
-
-    fn sleep_until(&self, _: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(NeverSleep)
-    }
-}
-
-/// A hyper timer whose sleeps never complete, each holding its deadline (so boxing one
-/// allocates).
-#[derive(Clone, Copy, Debug)]
-struct BoxedNeverTimer;
-
-/// [`BoxedNeverTimer`]'s sleep.
-struct DeadlineSleep {
-    _deadline: std::time::Instant,
-}
-
-impl Future for DeadlineSleep {
-    type Output = ();
-
-    fn poll(self: Pin<&mut Self>, _: &mut std::task::Context<'_>) -> Poll<()> {
-        Poll::Pending
-    }
-}
-
-impl hyper::rt::Sleep for DeadlineSleep {}
-
-impl hyper::rt::Timer for BoxedNeverTimer {
+impl<const BOXED: bool> hyper::rt::Timer for NeverTimer<BOXED> {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        self.sleep_until(std::time::Instant::now() + duration)
+        if BOXED {
+            self.sleep_until(std::time::Instant::now() + duration)
+        } else {
+            Box::pin(NeverSleep { _held: () })
+        }
     }
 
     fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(DeadlineSleep {
-            _deadline: deadline,
-        })
+        if BOXED {
+            Box::pin(NeverSleep { _held: deadline })
+        } else {
+            Box::pin(NeverSleep { _held: () })
+        }
     }
 }
 
