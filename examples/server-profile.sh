@@ -8,7 +8,8 @@
 #   TIMER=tokio bash examples/server-profile.sh      # tokio's timer, for comparison
 #
 # The server runs one tokio worker pinned to CPU 0, wrk (one thread, C=256 keep-alive
-# connections) on CPU 1, and perf samples the server's threads (cpu-clock, F per second) for S
+# connections) on CPU 1 (with W=2: two workers and two wrk threads, unpinned, as
+# server-bench.sh's two-core mode), and perf samples the server's threads (cpu-clock, F per second) for S
 # seconds of the load. Each sample whose stack passes through the timer is counted for the
 # outermost of the timer's frames in it (`<HyperTimer as Timer>::now`, `Sleep::reset_after`,
 # ...): that entry point's inclusive time. Two entry points include work that is not the
@@ -22,7 +23,7 @@
 # `rdtsc`, a first load, `malloc`). Sampling, not counting: figures move by several ns per
 # request from run to run; alternate runs of the two timers, in the same hour.
 #
-# Environment: TIMER (shardwheel), S (seconds, 4), F (samples per second, 2000), C (256), PORT
+# Environment: TIMER (shardwheel), W (server workers, 1 or 2), S (seconds, 4), F (samples per second, 2000), C (256), PORT
 # (18095), FRAMES (an awk regex of the timer's frames; by default shardwheel's, or tokio's
 # time driver, sleeps and hyper-util's TokioTimer for TIMER=tokio). Needs perf and wrk
 # (installed with apt-get if missing) and a kernel that lets perf sample this process
@@ -31,6 +32,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TIMER=${TIMER:-shardwheel}
+W=${W:-1}
 S=${S:-4}
 F=${F:-2000}
 C=${C:-256}
@@ -50,24 +52,30 @@ server=target/release/examples/server
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-timeout $((S + 60)) taskset -c 0 "$server" --timer "$TIMER" --workers 1 \
+server_cpus=(taskset -c 0)
+wrk_cpus=(taskset -c 1)
+if [ "$W" != 1 ]; then
+  server_cpus=()
+  wrk_cpus=()
+fi
+timeout $((S + 60)) "${server_cpus[@]}" "$server" --timer "$TIMER" --workers "$W" \
   --addr "127.0.0.1:$PORT" --seconds $((S + 3)) >"$work/server.json" 2>"$work/server.err" &
 timeout_pid=$!
 sleep 0.7
-# The server itself: `timeout`'s child (taskset runs the server in its own process).
+# The server itself: `timeout`'s child (taskset, if any, runs the server in its process).
 server_pid=$(pgrep -P "$timeout_pid")
 timeout $((S + 60)) perf record -q -e cpu-clock -F "$F" --call-graph dwarf,16384 \
   -p "$server_pid" -o "$work/perf.data" -- sleep "$S" >/dev/null 2>&1 &
 perf_pid=$!
 sleep 0.2
-timeout $((S + 60)) taskset -c 1 wrk -t1 -c"$C" -d$((S + 1))s "http://127.0.0.1:$PORT/" >"$work/wrk.txt"
+timeout $((S + 60)) "${wrk_cpus[@]}" wrk -t"$W" -c"$C" -d$((S + 1))s "http://127.0.0.1:$PORT/" >"$work/wrk.txt"
 wait "$perf_pid"
 wait "$timeout_pid"
 seconds=$(awk '/requests in/ { sub("s,", "", $4); print $4 }' "$work/wrk.txt")
 requests=$(awk '/requests in/ { print $1 }' "$work/wrk.txt")
 # The requests served while perf sampled: wrk's rate times perf's seconds.
 sampled=$(awk -v r="$requests" -v s="$seconds" -v p="$S" 'BEGIN { printf "%d", r / s * p }')
-echo "timer $TIMER: $requests requests in ${seconds}s (about $sampled while sampled), $F samples/s"
+echo "timer $TIMER, $W worker(s): $requests requests in ${seconds}s (about $sampled while sampled), $F samples/s"
 
 timeout 600 perf script -i "$work/perf.data" -F ip,sym 2>/dev/null |
   awk -v frames="$FRAMES" -v n="$sampled" -v hz="$F" '
