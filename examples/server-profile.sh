@@ -4,13 +4,13 @@
 # --call-graph dwarf` of the loaded server. server-bench.sh says how much a timer costs a
 # request; this says which of its calls the cost is in.
 #
-#   bash examples/server-profile.sh                  # shardwheel, one worker: about 30 s
+#   bash examples/server-profile.sh                  # shardwheel, one worker: about 10 s
 #   TIMER=tokio bash examples/server-profile.sh      # tokio's timer, for comparison
 #
 # The server runs one tokio worker pinned to CPU 0, wrk (one thread, C=256 keep-alive
 # connections) on CPU 1 (with W=2: two workers and two wrk threads, unpinned, as
-# server-bench.sh's two-core mode), and perf samples the server's threads (cpu-clock, F per second) for S
-# seconds of the load. Each sample whose stack passes through the timer is counted for the
+# server-bench.sh's two-core mode), and perf samples the server's threads (cpu-clock, F per
+# second) for S seconds of the load. Each sample whose stack passes through the timer is counted for the
 # outermost of the timer's frames in it (`<HyperTimer as Timer>::now`, `Sleep::reset_after`,
 # ...): that entry point's inclusive time. Two entry points include work that is not the
 # timer's, so they are listed but left out of the sum: a `Timeout`'s poll (the future it wraps)
@@ -23,8 +23,8 @@
 # `rdtsc`, a first load, `malloc`). Sampling, not counting: figures move by several ns per
 # request from run to run; alternate runs of the two timers, in the same hour.
 #
-# Environment: TIMER (shardwheel), W (server workers, 1 or 2), S (seconds, 4), F (samples per second, 2000), C (256), PORT
-# (18095), FRAMES (an awk regex of the timer's frames; by default shardwheel's, or tokio's
+# Environment: TIMER (shardwheel), W (server workers, 1 or 2), S (seconds, 4), F (samples per
+# second, 2000), C (256), PORT (18095), FRAMES (an awk regex of the timer's frames; by default shardwheel's, or tokio's
 # time driver, sleeps and hyper-util's TokioTimer for TIMER=tokio). Needs perf and wrk
 # (installed with apt-get if missing) and a kernel that lets perf sample this process
 # (perf_event_paranoid at most 2, or root). Every process runs under `timeout`.
