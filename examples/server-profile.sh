@@ -1,32 +1,31 @@
 #!/usr/bin/env bash
-# Where a timer's time goes inside the example server (examples/server.rs): CPU time per
-# request in each of the timer's entry points, their callees included, from `perf record
-# --call-graph dwarf` of the loaded server. server-bench.sh says how much a timer costs a
-# request; this says which of its calls the cost is in.
+# Where a timer's time goes inside the example server (examples/server.rs): CPU time per request in
+# each of the timer's entry points, their callees included, from `perf record --call-graph dwarf` of
+# the loaded server. server-bench.sh says how much a timer costs a request; this says which of its
+# calls the cost is in.
 #
 #   bash examples/server-profile.sh                  # shardwheel, one worker: about 10 s
 #   TIMER=tokio bash examples/server-profile.sh      # tokio's timer, for comparison
 #
-# The server runs one tokio worker pinned to CPU 0, wrk (one thread, C=256 keep-alive
-# connections) on CPU 1 (with W=2: two workers and two wrk threads, unpinned, as
-# server-bench.sh's two-core mode), and perf samples the server's threads (cpu-clock, F per
-# second) for S seconds of the load. Each sample whose stack passes through the timer is counted for the
-# outermost of the timer's frames in it (`<HyperTimer as Timer>::now`, `Sleep::reset_after`,
-# ...): that entry point's inclusive time. Two entry points include work that is not the
-# timer's, so they are listed but left out of the sum: a `Timeout`'s poll (the future it wraps)
-# and, for tokio, the part of its time driver's park spent in the I/O driver's park, which it
-# wraps (epoll, and waking the tasks whose sockets are ready); the time driver's own part (its
-# lock, its wheel) counts. Samples in the vDSO's `clock_gettime` (`Instant::now`) have no call
-# chain (perf cannot unwind it), so they are counted apart, the runtime's own reads included:
-# a timer that reads `Instant::now` has the difference from another timer's run on top of its
-# sum. Then, for each entry point, the functions its samples ended in (where the time went:
-# `rdtsc`, a first load, `malloc`). Sampling, not counting: figures move by several ns per
-# request from run to run; alternate runs of the two timers, in the same hour.
+# The server runs one tokio worker pinned to CPU 0, wrk (one thread, C=256 keep-alive connections)
+# on CPU 1 (with W=2: two workers and two wrk threads, unpinned, as server-bench.sh's two-core
+# mode), and perf samples the server's threads (cpu-clock, F per second) for S seconds of the load.
+# Each sample whose stack passes through the timer is counted for the outermost of the timer's
+# frames in it (`<HyperTimer as Timer>::now`, `Sleep::reset_after`, ...): that entry point's
+# inclusive time. Two entry points include work that is not the timer's, so they are listed but left
+# out of the sum: a `Timeout`'s poll (the future it wraps) and, for tokio, the part of its time
+# driver's park spent in the I/O driver's park, which it wraps (epoll, and waking the tasks whose
+# sockets are ready); the time driver's own part (its lock, its wheel) counts. Samples in the vDSO's
+# `clock_gettime` (`Instant::now`) have no call chain (perf cannot unwind it), so they are counted
+# apart, the runtime's own reads included: a timer that reads `Instant::now` has the difference from
+# another timer's run on top of its sum. Then, for each entry point, the functions its samples ended
+# in (where the time went: `rdtsc`, a first load, `malloc`). Sampling, not counting: figures move by
+# several ns per request from run to run; alternate runs of the two timers, in the same hour.
 #
 # Environment: TIMER (shardwheel), W (server workers, 1 or 2), S (seconds, 4), F (samples per
-# second, 2000), C (256), PORT (18095), FRAMES (an awk regex of the timer's frames; by default shardwheel's, or tokio's
-# time driver, sleeps and hyper-util's TokioTimer for TIMER=tokio). Needs perf and wrk
-# (installed with apt-get if missing) and a kernel that lets perf sample this process
+# second, 2000), C (256), PORT (18095), FRAMES (an awk regex of the timer's frames; by default
+# shardwheel's, or tokio's time driver, sleeps and hyper-util's TokioTimer for TIMER=tokio). Needs
+# perf and wrk (installed with apt-get if missing) and a kernel that lets perf sample this process
 # (perf_event_paranoid at most 2, or root). Every process runs under `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
