@@ -232,11 +232,7 @@ impl<T: Send + Sync + 'static> hyper::rt::Sleep for NeverSleep<T> {}
 
 impl<const BOXED: bool> hyper::rt::Timer for NeverTimer<BOXED> {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        if BOXED {
-            self.sleep_until(std::time::Instant::now() + duration)
-        } else {
-            Box::pin(NeverSleep { _held: () })
-        }
+        self.sleep_until(std::time::Instant::now() + duration)
     }
 
     fn sleep_until(&self, deadline: std::time::Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
