@@ -21,9 +21,16 @@
 # "above none" is a backend's count minus none's: its timer share. "above hyper-only" leaves out
 # hyper's own part of it: the timer's own work.
 #
+# With CACHE=1, callgrind also simulates the caches (this machine's sizes; user space only, so
+# without the kernel's evictions, which make real misses far more frequent) and each run adds its
+# misses per request: instruction fetches that missed the first-level instruction cache, then
+# data reads and data writes that missed the first-level data cache. They show the memory a
+# timer adds to a request's path (its code, its data, the bytes it adds to futures the server
+# moves) where time is too noisy to.
+#
 # Environment: R (rounds, 2), S (seconds of load per run, 10), C (connections, 32), PORT (18090),
-# TIMERS ("none hyper-only tokio shardwheel"). Needs valgrind, wrk and objdump (each installed
-# with apt-get if missing). Every process runs under `timeout`.
+# TIMERS ("none hyper-only tokio shardwheel"), CACHE (0). Needs valgrind, wrk and objdump (each
+# installed with apt-get if missing). Every process runs under `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -32,6 +39,9 @@ S=${S:-10}
 C=${C:-32}
 PORT=${PORT:-18090}
 TIMERS=${TIMERS:-none hyper-only tokio shardwheel}
+CACHE=${CACHE:-0}
+cache_sim=()
+[ "$CACHE" = 1 ] && cache_sim=(--cache-sim=yes)
 
 . examples/need-tool.sh
 need_tool valgrind
@@ -67,12 +77,13 @@ locked_instructions() {
     END { print n + 0 }' "$work/locked" "$out"
 }
 
-# One run of backend $1: prints "requests instructions locked_instructions".
+# One run of backend $1: prints "requests instructions locked_instructions", then with CACHE=1
+# the misses "I1mr D1mr D1mw" (whole run).
 run_one() {
   local timer=$1
   # Valgrind starts slowly: the server waits 4 s for wrk, and outlives it by 2 s.
   timeout -k 5 $((S + 120)) valgrind --tool=callgrind --callgrind-out-file="$work/out" \
-    --dump-instr=yes --compress-pos=no --compress-strings=no \
+    --dump-instr=yes --compress-pos=no --compress-strings=no "${cache_sim[@]}" \
     "$server" --timer "$timer" --workers 1 --addr "127.0.0.1:$PORT" --seconds $((S + 6)) \
     >"$work/server.json" 2>"$work/valgrind.err" &
   local pid=$!
@@ -82,18 +93,33 @@ run_one() {
   local requests instructions
   requests=$(grep -o '"requests":[0-9]*' "$work/server.json" | cut -d: -f2)
   instructions=$(awk '/^summary:/ {print $2}' "$work/out")
-  echo "$requests $instructions $(locked_instructions "$work/out")"
+  local misses=""
+  # The summary's columns follow its `events:` line: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw.
+  [ "$CACHE" = 1 ] && misses=$(awk '/^summary:/ {print $5, $6, $7}' "$work/out")
+  echo "$requests $instructions $(locked_instructions "$work/out") $misses"
 }
 
-printf '%-11s %-5s %10s %14s %14s %8s\n' timer round requests instructions per_request locked
+header=(timer round requests instructions per_request locked)
+[ "$CACHE" = 1 ] && header+=(I1_misses D1_read_misses D1_write_misses)
+printf '%-11s %-5s %10s %14s %14s %8s' "${header[@]:0:6}"
+[ "$CACHE" = 1 ] && printf ' %9s %14s %15s' "${header[@]:6}"
+echo
 for round in $(seq 1 "$R"); do
   for timer in $TIMERS; do
-    read -r requests instructions locked < <(run_one "$timer")
+    read -r requests instructions locked i1 d1r d1w < <(run_one "$timer")
     per=$(awk -v i="$instructions" -v r="$requests" 'BEGIN {printf "%.0f", i / r}')
     locked_per=$(awk -v l="$locked" -v r="$requests" 'BEGIN {printf "%.2f", l / r}')
-    printf '%-11s %-5s %10s %14s %14s %8s\n' "$timer" "$round" "$requests" "$instructions" "$per" \
+    printf '%-11s %-5s %10s %14s %14s %8s' "$timer" "$round" "$requests" "$instructions" "$per" \
       "$locked_per"
-    echo "$timer $per $locked_per" >>"$work/results"
+    misses=""
+    if [ "$CACHE" = 1 ]; then
+      misses=$(awk -v r="$requests" -v a="$i1" -v b="$d1r" -v c="$d1w" \
+        'BEGIN {printf "%.1f %.1f %.1f", a / r, b / r, c / r}')
+      read -r i1 d1r d1w <<<"$misses"
+      printf ' %9s %14s %15s' "$i1" "$d1r" "$d1w"
+    fi
+    echo
+    echo "$timer $per $locked_per $misses" >>"$work/results"
   done
 done
 
@@ -105,9 +131,17 @@ spread() {
     awk '{v[NR] = $1} END {printf "%s / %s / %s", v[1], v[int((NR + 1) / 2)], v[NR]}'
 }
 middle() { spread "$1" "$2" | awk -F' / ' '{print $2}'; }
+columns="2 3"
+[ "$CACHE" = 1 ] && columns="2 3 4 5 6"
 for timer in $TIMERS; do
-  for column in 2 3; do
-    if [ "$column" = 2 ]; then what=instructions; else what="locked instructions"; fi
+  for column in $columns; do
+    case $column in
+      2) what=instructions ;;
+      3) what="locked instructions" ;;
+      4) what="I1 misses" ;;
+      5) what="D1 read misses" ;;
+      6) what="D1 write misses" ;;
+    esac
     line="$(spread "$timer" "$column")"
     floors="none hyper-only"
     [ "$timer" = hyper-only ] && floors=none
