@@ -17,7 +17,8 @@
 # (each waits for the core's pending stores), so they are where instructions and time part ways.
 #
 # Backends (see examples/server.rs): none (no timer), hyper-only (hyper's header-read timeout on
-# a timer that never fires: what hyper itself adds once it has any timer), tokio, shardwheel.
+# a timer that never fires: what hyper itself adds once it has any timer), hyper-boxed (the same
+# with each of those sleeps on the heap, as a real timer's), tokio, shardwheel.
 # "above none" is a backend's count minus none's: its timer share. "above hyper-only" leaves out
 # hyper's own part of it: the timer's own work.
 #
@@ -115,8 +116,7 @@ for round in $(seq 1 "$R"); do
     if [ "$CACHE" = 1 ]; then
       misses=$(awk -v r="$requests" -v a="$i1" -v b="$d1r" -v c="$d1w" \
         'BEGIN {printf "%.1f %.1f %.1f", a / r, b / r, c / r}')
-      read -r i1 d1r d1w <<<"$misses"
-      printf ' %9s %14s %15s' "$i1" "$d1r" "$d1w"
+      printf ' %9s %14s %15s' $misses
     fi
     echo
     echo "$timer $per $locked_per $misses" >>"$work/results"
