@@ -116,6 +116,13 @@ fn build_default() -> &'static Timer {
 #[track_caller]
 #[inline]
 pub fn sleep(delay: Duration) -> Sleep {
+    sleep_made(delay).whole()
+}
+
+/// [`sleep`], before it is written whole (see `Sleep::whole`).
+#[track_caller]
+#[inline(always)]
+fn sleep_made(delay: Duration) -> Sleep {
     let timer = default();
     timer.sleep_on(timer.static_engine_ref(), delay, timer.keeps_timers())
 }
@@ -169,7 +176,7 @@ const LARGE_FUTURE: usize = 128;
 #[track_caller]
 #[inline(never)]
 fn sleep_out_of_line(delay: Duration) -> Sleep {
-    sleep(delay)
+    sleep_made(delay)
 }
 
 /// [`Timer::timeout_at`] on the default timer (`tokio::time::timeout_at`). Panics as [`sleep`]

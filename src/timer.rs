@@ -256,7 +256,7 @@ impl Timer {
     /// A sleep of `delay` from now on `engine` (this timer's); beyond representable time, one
     /// until `far_future` (about 34 years). A zero `delay` has passed already: the sleep is
     /// elapsed.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn sleep_on(&self, engine: EngineRef, delay: Duration, keep: bool) -> Sleep {
         let deadline = self.inner.engine.clock.deadline_after(delay);
         Sleep::with(engine, deadline, delay.is_zero(), keep)

@@ -27,6 +27,7 @@ use std::task::{Context, Poll, RawWakerVTable, Waker};
 use std::time::{Duration, Instant};
 
 mod kept;
+mod whole;
 
 /// The task of a [`Sleep`]'s timer: wakes the waker of the poll that scheduled it. A `Waker` is
 /// 16 bytes, so the task stores it inline: no allocation.
