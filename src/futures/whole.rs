@@ -66,11 +66,11 @@ mod tests {
     /// one drop (its engine's lease is counted, and let go of once).
     #[test]
     fn a_sleep_written_whole_is_the_same_sleep_moved() {
-        let clock = Clock::manual();
+        // A manual clock: the sleep stays pending, whatever the machine does.
         let timer = Timer::builder()
             .shards(1)
             .executor(Executor::Inline)
-            .clock(clock.clone())
+            .clock(Clock::manual())
             .build()
             .expect("build timer");
         let sleep = timer.sleep(Duration::from_millis(10));
