@@ -255,7 +255,8 @@ impl Timer {
 
     /// A sleep of `delay` from now on `engine` (this timer's); beyond representable time, one
     /// until `far_future` (about 34 years). A zero `delay` has passed already: the sleep is
-    /// elapsed.
+    /// elapsed. Always in line: the default timer's `sleep` writes the result whole
+    /// (`Sleep::whole`), which needs the fields where they are made.
     #[inline(always)]
     pub(crate) fn sleep_on(&self, engine: EngineRef, delay: Duration, keep: bool) -> Sleep {
         let deadline = self.inner.engine.clock.deadline_after(delay);

@@ -7,8 +7,8 @@
 //! bytes from them: it waits until they reach the cache, which they do only after every
 //! instruction before them has completed, the clock read that gave the deadline (`rdtsc`)
 //! included. [`Sleep::whole`] writes the sleep in 16-byte stores into an aligned place and
-//! returns it from there: the compiler then copies it on in the same 16-byte pieces, whose
-//! loads take their bytes from those stores, and nothing waits for the clock.
+//! returns it from there: the compiler then copies it on in the same 16-byte pieces, and the
+//! caller's first copy takes its bytes from those stores instead of waiting for the clock.
 //!
 //! Only the default timer's [`sleep`](crate::sleep()) does this (the path of `timeout` around a
 //! small future). x86-64 only, where SSE2 always exists; elsewhere the sleep is returned as it
