@@ -100,10 +100,8 @@ run_one() {
   echo "$requests $instructions $(locked_instructions "$work/out") $misses"
 }
 
-header=(timer round requests instructions per_request locked)
-[ "$CACHE" = 1 ] && header+=(I1_misses D1_read_misses D1_write_misses)
-printf '%-11s %-5s %10s %14s %14s %8s' "${header[@]:0:6}"
-[ "$CACHE" = 1 ] && printf ' %9s %14s %15s' "${header[@]:6}"
+printf '%-11s %-5s %10s %14s %14s %8s' timer round requests instructions per_request locked
+[ "$CACHE" = 1 ] && printf ' %9s %14s %15s' I1_misses D1_read_misses D1_write_misses
 echo
 for round in $(seq 1 "$R"); do
   for timer in $TIMERS; do
