@@ -29,9 +29,18 @@
 # timer adds to a request's path (its code, its data, the bytes it adds to futures the server
 # moves) where time is too noisy to.
 #
+# CACHE=small simulates first-level caches of 8 KB each (8-way), standing in for the kernel,
+# which runs most of a request's time between two of the server's turns and leaves little of
+# the server's lines in the real ones; its runs add the sum of the three misses, the *lines*
+# per request. With C=256 (server-bench.sh's load), a backend's lines above none tracked its
+# user CPU time above none at about 1 ns a line, plus about 7 ns per locked instruction, across
+# none, hyper-boxed, tokio and shardwheel (README, "Cache lines, not instructions"): the
+# instrument for a timer's share that time cannot resolve. A change of a few lines is within
+# what moving code alone shifts (other functions' lines move by several when one grows).
+#
 # Environment: R (rounds, 2), S (seconds of load per run, 10), C (connections, 32), PORT (18090),
-# TIMERS ("none hyper-only tokio shardwheel"), CACHE (0). Needs valgrind, wrk and objdump (each
-# installed with apt-get if missing). Every process runs under `timeout`.
+# TIMERS ("none hyper-only tokio shardwheel"), CACHE (0, 1 or small). Needs valgrind, wrk and
+# objdump (each installed with apt-get if missing). Every process runs under `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,7 +51,12 @@ PORT=${PORT:-18090}
 TIMERS=${TIMERS:-none hyper-only tokio shardwheel}
 CACHE=${CACHE:-0}
 cache_sim=()
-[ "$CACHE" = 1 ] && cache_sim=(--cache-sim=yes)
+case $CACHE in
+  0) ;;
+  1) cache_sim=(--cache-sim=yes) ;;
+  small) cache_sim=(--cache-sim=yes --I1=8192,8,64 --D1=8192,8,64) ;;
+  *) echo "CACHE is 0, 1 or small" >&2; exit 2 ;;
+esac
 
 . examples/need-tool.sh
 need_tool valgrind
@@ -78,7 +92,7 @@ locked_instructions() {
     END { print n + 0 }' "$work/locked" "$out"
 }
 
-# One run of backend $1: prints "requests instructions locked_instructions", then with CACHE=1
+# One run of backend $1: prints "requests instructions locked_instructions", then with CACHE on
 # the misses "I1mr D1mr D1mw" (whole run).
 run_one() {
   local timer=$1
@@ -96,12 +110,12 @@ run_one() {
   instructions=$(awk '/^summary:/ {print $2}' "$work/out")
   local misses=""
   # The summary's columns follow its `events:` line: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw.
-  [ "$CACHE" = 1 ] && misses=$(awk '/^summary:/ {print $5, $6, $7}' "$work/out")
+  [ "$CACHE" != 0 ] && misses=$(awk '/^summary:/ {print $5, $6, $7}' "$work/out")
   echo "$requests $instructions $(locked_instructions "$work/out") $misses"
 }
 
 printf '%-11s %-5s %10s %14s %14s %8s' timer round requests instructions per_request locked
-[ "$CACHE" = 1 ] && printf ' %9s %14s %15s' I1_misses D1_read_misses D1_write_misses
+[ "$CACHE" != 0 ] && printf ' %9s %14s %15s %7s' I1_misses D1_read_misses D1_write_misses lines
 echo
 for round in $(seq 1 "$R"); do
   for timer in $TIMERS; do
@@ -111,10 +125,10 @@ for round in $(seq 1 "$R"); do
     printf '%-11s %-5s %10s %14s %14s %8s' "$timer" "$round" "$requests" "$instructions" "$per" \
       "$locked_per"
     misses=""
-    if [ "$CACHE" = 1 ]; then
+    if [ "$CACHE" != 0 ]; then
       misses=$(awk -v r="$requests" -v a="$i1" -v b="$d1r" -v c="$d1w" \
-        'BEGIN {printf "%.1f %.1f %.1f", a / r, b / r, c / r}')
-      printf ' %9s %14s %15s' $misses
+        'BEGIN {printf "%.1f %.1f %.1f %.1f", a / r, b / r, c / r, (a + b + c) / r}')
+      printf ' %9s %14s %15s %7s' $misses
     fi
     echo
     echo "$timer $per $locked_per $misses" >>"$work/results"
@@ -130,7 +144,7 @@ spread() {
 }
 middle() { spread "$1" "$2" | awk -F' / ' '{print $2}'; }
 columns="2 3"
-[ "$CACHE" = 1 ] && columns="2 3 4 5 6"
+[ "$CACHE" != 0 ] && columns="2 3 4 5 6 7"
 for timer in $TIMERS; do
   for column in $columns; do
     case $column in
@@ -139,6 +153,7 @@ for timer in $TIMERS; do
       4) what="I1 misses" ;;
       5) what="D1 read misses" ;;
       6) what="D1 write misses" ;;
+      7) what="lines" ;;
     esac
     line="$(spread "$timer" "$column")"
     floors="none hyper-only"
