@@ -306,15 +306,24 @@ impl TickClock {
     /// [`far_future`]'s.
     #[inline]
     pub(crate) fn deadline_after(&self, delay: Duration) -> Deadline {
-        let cycle_now = self.cycle_now_nanos();
-        if let Some(nanos) = cycle_now.and_then(|now| nanos_after(now, delay)) {
-            return Deadline::Nanos(nanos);
+        if let Some(deadline) = self
+            .cycle_offset
+            .and_then(|offset| cycle_deadline_after(offset, delay))
+        {
+            return deadline;
         }
-        let now = match cycle_now {
+        let now = match self.cycle_now_nanos() {
             Some(now) => self.instant_of(Deadline::Nanos(now)),
             None => self.clock.now(),
         };
         Deadline::At(now.checked_add(delay).unwrap_or_else(|| far_future(now)))
+    }
+
+    /// Its cycle offset (see the field): `Some` for the system clock. The default timer copies
+    /// it to each thread, with [`cycle_deadline_after`], so that its sleeps read the time
+    /// without reading the timer.
+    pub(crate) fn cycle_offset(&self) -> Option<u64> {
+        self.cycle_offset
     }
 
     /// The instant of `deadline`.
@@ -452,6 +461,14 @@ impl TickClock {
     pub(crate) fn ticks_in(&self, duration: Duration) -> u64 {
         u64::try_from(duration.as_nanos().div_ceil(self.tick_nanos as u128)).unwrap_or(u64::MAX)
     }
+}
+
+/// [`TickClock::deadline_after`] on the cycle clock, for a clock whose cycle offset is `offset`:
+/// `None` if the cycle clock is not used, or the deadline is beyond its nanoseconds.
+#[inline(always)]
+pub(crate) fn cycle_deadline_after(offset: u64, delay: Duration) -> Option<Deadline> {
+    let now = crate::cycle_clock::now_nanos()?.saturating_sub(offset);
+    nanos_after(now, delay).map(Deadline::Nanos)
 }
 
 /// `delay` after `now`, both in nanoseconds since an origin; `None` beyond a u64 of them.

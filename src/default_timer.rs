@@ -7,13 +7,18 @@
 //! It lives as long as the process (it is never dropped; it is shut down only if its user calls
 //! [`Timer::shutdown`] on it, and then its sleeps panic as any shut-down timer's do), so its
 //! sleeps refer to its engine by a plain `&'static` reference (`Timer::static_engine_ref`), with
-//! no reference count to bump per sleep.
+//! no reference count to bump per sleep. Nor does it change once built: each thread that makes
+//! sleeps keeps a copy of what they need of it (`Local`), so that making one reads no line of
+//! the timer's.
 
-use crate::clock::Deadline;
+use crate::clock::{Deadline, cycle_deadline_after};
+use crate::engine::Engine;
+use crate::engine::lease::Lease;
 use crate::error::{BuildError, DefaultTimerError};
 use crate::futures::{Interval, Sleep, Timeout};
 use crate::sync::process::{Mutex, OnceLock};
 use crate::timer::{Builder, Timer};
+use std::cell::Cell;
 use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
@@ -123,20 +128,75 @@ pub fn sleep(delay: Duration) -> Sleep {
 #[track_caller]
 #[inline(always)]
 fn sleep_made(delay: Duration) -> Sleep {
+    let local = local();
+    let deadline = match local
+        .cycle_offset
+        .and_then(|offset| cycle_deadline_after(offset, delay))
+    {
+        Some(deadline) => deadline,
+        None => local.engine.clock.deadline_after(delay),
+    };
+    Sleep::with(
+        Lease::forever(local.engine),
+        deadline,
+        delay.is_zero(),
+        local.keeps,
+    )
+}
+
+/// What the default timer's sleeps need of it, copied to each thread that makes them: making
+/// one then reads this thread's copy, not the lines from the timer to its engine (which a
+/// server's worker, touching them once per request among its connections' data, finds cold).
+/// The default timer never changes once built, so a copy never goes stale.
+#[derive(Clone, Copy)]
+struct Local {
+    engine: &'static Engine,
+    /// The engine's clock's cycle offset ([`TickClock::cycle_offset`](crate::clock::TickClock::cycle_offset)).
+    cycle_offset: Option<u64>,
+    /// [`Timer::keeps_timers`].
+    keeps: bool,
+}
+
+std::thread_local! {
+    static LOCAL: Cell<Option<Local>> = const { Cell::new(None) };
+}
+
+/// This thread's copy of the default timer (building the timer if it is not built).
+#[track_caller]
+#[inline(always)]
+fn local() -> Local {
+    match LOCAL.with(Cell::get) {
+        Some(local) => local,
+        None => local_first(),
+    }
+}
+
+/// [`local`] on this thread's first call.
+#[track_caller]
+#[cold]
+#[inline(never)]
+fn local_first() -> Local {
     let timer = default();
-    timer.sleep_on(timer.static_engine_ref(), delay, timer.keeps_timers())
+    let engine = timer.static_engine();
+    let local = Local {
+        engine,
+        cycle_offset: engine.clock.cycle_offset(),
+        keeps: timer.keeps_timers(),
+    };
+    LOCAL.with(|copy| copy.set(Some(local)));
+    local
 }
 
 /// [`Timer::sleep_until`] on the default timer (`tokio::time::sleep_until`). Panics as
 /// [`sleep`] does.
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
-    let timer = default();
+    let local = local();
     Sleep::with(
-        timer.static_engine_ref(),
+        Lease::forever(local.engine),
         Deadline::At(deadline),
         false,
-        timer.keeps_timers(),
+        local.keeps,
     )
 }
 

@@ -240,7 +240,7 @@ impl Timer {
     /// at most some tens of microseconds after it (see `src/cycle_clock.rs`). A deadline beyond
     /// what an `Instant` holds (`Duration::MAX`) is 2^30 s (about 34 years) away instead, as a
     /// tokio sleep's is 30 years; the same holds for the deadlines of [`timeout`](Self::timeout)
-    /// and of an [`Interval`]'s ticks.
+    /// and of an [`Interval`]'s ticks. A zero `delay` has passed already: the sleep is elapsed.
     ///
     /// ```
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -250,17 +250,8 @@ impl Timer {
     /// # }
     /// ```
     pub fn sleep(&self, delay: Duration) -> Sleep {
-        self.sleep_on(self.engine_ref(), delay, false)
-    }
-
-    /// A sleep of `delay` from now on `engine` (this timer's); beyond representable time, one
-    /// until `far_future` (about 34 years). A zero `delay` has passed already: the sleep is
-    /// elapsed. Always in line: the default timer's `sleep` writes the result whole
-    /// (`Sleep::whole`), which needs the fields where they are made.
-    #[inline(always)]
-    pub(crate) fn sleep_on(&self, engine: EngineRef, delay: Duration, keep: bool) -> Sleep {
         let deadline = self.inner.engine.clock.deadline_after(delay);
-        Sleep::with(engine, deadline, delay.is_zero(), keep)
+        Sleep::with(self.engine_ref(), deadline, delay.is_zero(), false)
     }
 
     /// How this timer's sleeps refer to its engine: by a lease, counted on this thread's stripe.
@@ -272,6 +263,11 @@ impl Timer {
     /// by a plain reference, which costs no reference count per sleep.
     pub(crate) fn static_engine_ref(&'static self) -> EngineRef {
         Lease::forever(&self.inner.engine)
+    }
+
+    /// The engine of a timer that is never dropped (the default timer).
+    pub(crate) fn static_engine(&'static self) -> &'static Engine {
+        &self.inner.engine
     }
 
     /// Whether the sleeps of this timer, if it is never dropped (the default timer), keep their

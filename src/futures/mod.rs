@@ -607,6 +607,19 @@ impl Sleep {
             }
         }
     }
+
+    /// A [`Timeout`]'s poll of its deadline, once its future is pending: out of line, so that
+    /// a future that wraps one in a server's request (hyper's dispatcher, which polls it in
+    /// line) carries a call here, not this code between its own.
+    #[inline(never)]
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<Elapsed> {
+        // `poll_sleep`, not `Sleep::poll`: one call fewer per poll.
+        match Pin::new(self).poll_sleep(cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Elapsed(())),
+            Poll::Ready(Err(error)) => cannot_keep_a_timer(error),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 /// The panic of a sleep whose engine cannot keep a timer: see [`Sleep`].
@@ -715,12 +728,7 @@ impl<F: Future> Future for Timeout<F> {
         if let Poll::Ready(output) = future.poll(cx) {
             return Poll::Ready(Ok(output));
         }
-        // `poll_sleep`, not `Sleep::poll`: one call fewer per poll.
-        match Pin::new(&mut this.sleep).poll_sleep(cx) {
-            Poll::Ready(Ok(())) => Poll::Ready(Err(Elapsed(()))),
-            Poll::Ready(Err(error)) => cannot_keep_a_timer(error),
-            Poll::Pending => Poll::Pending,
-        }
+        this.sleep.poll_deadline(cx).map(Err)
     }
 }
 
