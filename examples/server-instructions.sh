@@ -29,14 +29,16 @@
 # timer adds to a request's path (its code, its data, the bytes it adds to futures the server
 # moves) where time is too noisy to.
 #
-# CACHE=small simulates first-level caches of 8 KB each (8-way), standing in for the kernel,
-# which runs most of a request's time between two of the server's turns and leaves little of
-# the server's lines in the real ones; its runs add the sum of the three misses, the *lines*
-# per request. With C=256 (server-bench.sh's load), a backend's lines above none tracked its
-# user CPU time above none at about 1 ns a line, plus about 7 ns per locked instruction, across
-# none, hyper-boxed, tokio and shardwheel (README, "Cache lines, not instructions"): the
-# instrument for a timer's share that time cannot resolve. A change of a few lines is within
-# what moving code alone shifts (other functions' lines move by several when one grows).
+# CACHE=small simulates first-level caches of 8 KB each, fully associative (least recently
+# used), standing in for the kernel, which runs most of a request's time between two of the
+# server's turns and leaves little of the server's lines in the real ones; its runs add the sum
+# of the three misses, the *lines* per request. With C=256 (server-bench.sh's load), a backend's
+# lines above none tracked its user CPU time above none at about 1 ns a line, plus about 7 ns per
+# locked instruction, across none, hyper-boxed, tokio and shardwheel (README, "Cache lines, not
+# instructions"): the instrument for a timer's share that time cannot resolve. Full
+# associativity keeps a change of layout from moving the count much (hyper-boxed's moved by 5
+# across three builds; with 8-way sets, by up to 20), but compare backends of one build: a
+# function that grows still moves its neighbours' lines by one or two each.
 #
 # Environment: R (rounds, 2), S (seconds of load per run, 10), C (connections, 32), PORT (18090),
 # TIMERS ("none hyper-only tokio shardwheel"), CACHE (0, 1 or small). Needs valgrind, wrk and
@@ -54,7 +56,7 @@ cache_sim=()
 case $CACHE in
   0) ;;
   1) cache_sim=(--cache-sim=yes) ;;
-  small) cache_sim=(--cache-sim=yes --I1=8192,8,64 --D1=8192,8,64) ;;
+  small) cache_sim=(--cache-sim=yes --I1=8192,128,64 --D1=8192,128,64) ;;
   *) echo "CACHE is 0, 1 or small" >&2; exit 2 ;;
 esac
 
