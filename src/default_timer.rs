@@ -15,7 +15,7 @@ use crate::clock::{Deadline, cycle_deadline_after};
 use crate::engine::Engine;
 use crate::engine::lease::Lease;
 use crate::error::{BuildError, DefaultTimerError};
-use crate::futures::{Interval, Sleep, Timeout};
+use crate::futures::{Interval, LARGE_FUTURE, Sleep, Timeout};
 use crate::sync::process::{Mutex, OnceLock};
 use crate::timer::{Builder, Timer};
 use std::cell::Cell;
@@ -227,10 +227,6 @@ pub fn timeout<F: IntoFuture>(delay: Duration, future: F) -> Timeout<F::IntoFutu
         },
     )
 }
-
-/// The size (bytes) above which [`timeout`] makes its sleep out of line: about where copying
-/// the future a few times costs more than the call.
-const LARGE_FUTURE: usize = 128;
 
 /// [`sleep`], never inline: see [`timeout`].
 #[track_caller]

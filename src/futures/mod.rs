@@ -608,10 +608,8 @@ impl Sleep {
         }
     }
 
-    /// A [`Timeout`]'s poll of its deadline, once its future is pending: out of line, so that
-    /// a future that wraps one in a server's request (hyper's dispatcher, which polls it in
-    /// line) carries a call here, not this code between its own.
-    #[inline(never)]
+    /// A [`Timeout`]'s poll of its deadline, once its future is pending.
+    #[inline(always)]
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<Elapsed> {
         // `poll_sleep`, not `Sleep::poll`: one call fewer per poll.
         match Pin::new(self).poll_sleep(cx) {
@@ -620,7 +618,20 @@ impl Sleep {
             Poll::Pending => Poll::Pending,
         }
     }
+
+    /// [`poll_deadline`](Self::poll_deadline) out of line: a `Timeout` around a large future
+    /// (a server's response, which hyper's dispatcher polls in line) then carries a call here,
+    /// not this code between its caller's.
+    #[inline(never)]
+    fn poll_deadline_out_of_line(&mut self, cx: &mut Context<'_>) -> Poll<Elapsed> {
+        self.poll_deadline(cx)
+    }
 }
+
+/// The size (bytes) of a [`Timeout`]'s future above which its sleep is made
+/// ([`timeout`](crate::timeout())) and polled out of line: about where copying the future a
+/// few times, or carrying the sleep's code in the callers that poll it, costs more than a call.
+pub(crate) const LARGE_FUTURE: usize = 128;
 
 /// The panic of a sleep whose engine cannot keep a timer: see [`Sleep`].
 #[cold]
@@ -728,7 +739,11 @@ impl<F: Future> Future for Timeout<F> {
         if let Poll::Ready(output) = future.poll(cx) {
             return Poll::Ready(Ok(output));
         }
-        this.sleep.poll_deadline(cx).map(Err)
+        if size_of::<F>() > LARGE_FUTURE {
+            this.sleep.poll_deadline_out_of_line(cx).map(Err)
+        } else {
+            this.sleep.poll_deadline(cx).map(Err)
+        }
     }
 }
 
