@@ -129,16 +129,9 @@ pub fn sleep(delay: Duration) -> Sleep {
 #[inline(always)]
 fn sleep_made(delay: Duration) -> Sleep {
     let local = local();
-    let deadline = match local
-        .cycle_offset
-        .and_then(|offset| cycle_deadline_after(offset, delay))
-    {
-        Some(deadline) => deadline,
-        None => local.engine.clock.deadline_after(delay),
-    };
     Sleep::with(
         Lease::forever(local.engine),
-        deadline,
+        local.deadline_after(delay),
         delay.is_zero(),
         local.keeps,
     )
@@ -155,6 +148,17 @@ struct Local {
     cycle_offset: Option<u64>,
     /// [`Timer::keeps_timers`].
     keeps: bool,
+}
+
+impl Local {
+    /// [`TickClock::deadline_after`](crate::clock::TickClock::deadline_after), from the copied
+    /// offset where the cycle clock is read (the engine's clock only where it is not).
+    #[inline(always)]
+    fn deadline_after(self, delay: Duration) -> Deadline {
+        self.cycle_offset
+            .and_then(|offset| cycle_deadline_after(offset, delay))
+            .unwrap_or_else(|| self.engine.clock.deadline_after(delay))
+    }
 }
 
 std::thread_local! {

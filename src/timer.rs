@@ -262,7 +262,7 @@ impl Timer {
     /// How the sleeps of a timer that is never dropped (the default timer) refer to its engine:
     /// by a plain reference, which costs no reference count per sleep.
     pub(crate) fn static_engine_ref(&'static self) -> EngineRef {
-        Lease::forever(&self.inner.engine)
+        Lease::forever(self.static_engine())
     }
 
     /// The engine of a timer that is never dropped (the default timer).
