@@ -120,7 +120,7 @@ pub(crate) fn now_nanos() -> Option<u64> {
 #[cfg(feature = "hyper")]
 #[inline]
 pub(crate) fn now_instant() -> Option<Instant> {
-    origin().checked_add(std::time::Duration::from_nanos(now_nanos()?))
+    imp::now_instant()
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux", not(shardwheel_loom)))]
@@ -223,11 +223,15 @@ mod imp {
         previous_rate: u64,
     }
 
-    /// One thread's state.
+    /// One thread's state. A reading reads the first line only: the fields it reads first.
+    #[repr(C, align(64))]
     pub(super) struct Thread {
         base: Cell<Base>,
         /// The latest count this thread read.
         last: Cell<u64>,
+        /// The origin ([`Shared::origin`]), copied at the first refresh: an instant is read
+        /// without a line of the shared state.
+        origin: Cell<Option<Instant>>,
         sample: Cell<Sample>,
     }
 
@@ -241,6 +245,7 @@ mod imp {
                     valid_counts: 0,
                 }),
                 last: Cell::new(0),
+                origin: Cell::new(None),
                 sample: Cell::new(Sample {
                     counter_after: 0,
                     nanos: 0,
@@ -267,17 +272,32 @@ mod imp {
 
     #[inline]
     pub(super) fn now_nanos() -> Option<u64> {
-        let shared = shared();
         THREAD.with(|thread| read(shared, thread, &Tsc))
+    }
+
+    #[cfg(feature = "hyper")]
+    #[inline]
+    pub(super) fn now_instant() -> Option<Instant> {
+        THREAD.with(|thread| {
+            let nanos = read(shared, thread, &Tsc)?;
+            // A reading comes from a base, which a refresh made after copying the origin.
+            let origin = thread.origin.get().unwrap_or_else(origin);
+            origin.checked_add(std::time::Duration::from_nanos(nanos))
+        })
     }
 
     pub(super) fn in_use() -> bool {
         shared().in_use()
     }
 
-    /// A reading (see the module documentation), from `thread`'s base or a refresh.
+    /// A reading (see the module documentation), from `thread`'s base or a refresh. Only a
+    /// refresh looks at what threads share (`shared`): a base exists only after one.
     #[inline]
-    pub(super) fn read(shared: &Shared, thread: &Thread, counter: &impl Counter) -> Option<u64> {
+    pub(super) fn read<'a>(
+        shared: impl FnOnce() -> &'a Shared,
+        thread: &Thread,
+        counter: &impl Counter,
+    ) -> Option<u64> {
         let now = counter.read();
         let base = thread.base.get();
         let elapsed = now.wrapping_sub(base.counter);
@@ -287,7 +307,7 @@ mod imp {
             thread.last.set(now);
             return Some(base.nanos + scale_wide(elapsed, base.rate) as u64 + MARGIN_NANOS);
         }
-        refresh(shared, thread, counter)
+        refresh(shared(), thread, counter)
     }
 
     /// `counts` x `rate` (32.32 fixed point), in nanoseconds, rounded up (saturating).
@@ -334,6 +354,7 @@ mod imp {
         if !shared.in_use() {
             return None;
         }
+        thread.origin.set(Some(shared.origin));
         let (instant, before, after) = clock_between_counts(counter);
         let nanos = u64::try_from(instant.saturating_duration_since(shared.origin).as_nanos())
             .unwrap_or(u64::MAX);
@@ -518,7 +539,7 @@ mod imp {
             fn check(&mut self) {
                 let before = self.nanos_now();
                 let was_extrapolated = self.thread.base.get().valid_counts != 0;
-                if let Some(reading) = read(&self.shared, &self.thread, &self.counter) {
+                if let Some(reading) = read(|| &self.shared, &self.thread, &self.counter) {
                     assert!(
                         reading >= before,
                         "reading {reading} ns is {} ns before Instant::now() ({before} ns)",
@@ -575,7 +596,7 @@ mod imp {
             assert!(rig.shared.in_use(), "a check fired without a fault");
             // Readings are late by little: the margin, and the rate's slack.
             let before = rig.nanos_now();
-            let reading = read(&rig.shared, &rig.thread, &rig.counter).unwrap();
+            let reading = read(|| &rig.shared, &rig.thread, &rig.counter).unwrap();
             assert!(reading < before + MARGIN_NANOS + 1_000_000);
         }
 
@@ -698,7 +719,7 @@ mod imp {
             let mut worst = 0;
             while rig.shared.in_use() && start.elapsed() < Duration::from_millis(100) {
                 let before = rig.nanos_now();
-                if let Some(reading) = read(&rig.shared, &rig.thread, &rig.counter) {
+                if let Some(reading) = read(|| &rig.shared, &rig.thread, &rig.counter) {
                     worst = worst.max(before.saturating_sub(reading));
                 }
             }
@@ -723,7 +744,7 @@ mod imp {
             let shared = Shared::new(&counter);
             let thread = Thread::new();
             assert!(!shared.in_use());
-            assert_eq!(read(&shared, &thread, &counter), None);
+            assert_eq!(read(|| &shared, &thread, &counter), None);
         }
     }
 }
@@ -741,6 +762,12 @@ mod imp {
 
     #[inline]
     pub(super) fn now_nanos() -> Option<u64> {
+        None
+    }
+
+    #[cfg(feature = "hyper")]
+    #[inline]
+    pub(super) fn now_instant() -> Option<Instant> {
         None
     }
 
