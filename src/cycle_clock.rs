@@ -272,18 +272,25 @@ mod imp {
 
     #[inline]
     pub(super) fn now_nanos() -> Option<u64> {
-        THREAD.with(|thread| read(shared, thread, &Tsc))
+        THREAD.with(|thread| read(shared_for_refresh, thread, &Tsc))
+    }
+
+    /// [`shared`] for a refresh (out of line, so that a reading's fast path stays small).
+    #[cold]
+    #[inline(never)]
+    fn shared_for_refresh() -> &'static Shared {
+        shared()
     }
 
     #[cfg(feature = "hyper")]
     #[inline]
     pub(super) fn now_instant() -> Option<Instant> {
-        THREAD.with(|thread| {
-            let nanos = read(shared, thread, &Tsc)?;
-            // A reading comes from a base, which a refresh made after copying the origin.
-            let origin = thread.origin.get().unwrap_or_else(origin);
-            origin.checked_add(std::time::Duration::from_nanos(nanos))
-        })
+        let nanos = now_nanos()?;
+        // A reading comes from a base, which a refresh made after copying the origin.
+        let origin = THREAD
+            .with(|thread| thread.origin.get())
+            .unwrap_or_else(origin);
+        origin.checked_add(std::time::Duration::from_nanos(nanos))
     }
 
     pub(super) fn in_use() -> bool {
