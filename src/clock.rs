@@ -221,9 +221,25 @@ pub(crate) struct TickClock {
     /// For the system clock: `origin` in nanoseconds since the cycle clock's origin, so that
     /// [`tick_after`](Self::tick_after) can read the cheap cycle clock.
     cycle_offset: Option<u64>,
-    /// The latest tick [`now_tick`](Self::now_tick) read (by any clone: shards read it at
-    /// every turn), a tick known to have passed: see [`tick_unless_passed`](Self::tick_unless_passed).
-    passed: std::sync::Arc<crate::sync::statistics::AtomicU64>,
+    /// What every clone shares (the engine's and its shards'), on a line of its own.
+    passed: std::sync::Arc<crossbeam_utils::CachePadded<Passed>>,
+}
+
+/// How far the shards of one engine got, as far as a `Sleep` needs to know that its timer has
+/// not fired without reading its slot (`futures::TimerSlot::surely_pending`). Both fields only
+/// grow.
+#[derive(Debug, Default)]
+struct Passed {
+    /// The latest tick [`now_tick`](TickClock::now_tick) read (by any clone: shards read it at
+    /// every turn), a tick known to have passed: see
+    /// [`tick_unless_passed`](TickClock::tick_unless_passed).
+    tick: crate::sync::statistics::AtomicU64,
+    /// Set before a shard cancels timers from outside their owners, which only shutdown's
+    /// sweep (`ShardOwner::close`) and the wake-ups after a failure do; never cleared. Until
+    /// then a `Sleep` knows its timer pending while no shard has reached its tick. Orders
+    /// nothing itself: the sweep wakes the sleeps' tasks after it, so a poll that follows such
+    /// a wake-up sees it set. Plain `std` under loom for that reason.
+    swept: crate::sync::statistics::AtomicBool,
 }
 
 impl TickClock {
@@ -242,7 +258,7 @@ impl TickClock {
             tick_nanos,
             divisor: TickDivisor::new(tick_nanos),
             cycle_offset,
-            passed: std::sync::Arc::new(crate::sync::statistics::AtomicU64::new(0)),
+            passed: Default::default(),
         }
     }
 
@@ -272,7 +288,7 @@ impl TickClock {
     pub(crate) fn now_tick(&self) -> u64 {
         let tick = self.divisor.div_rem(self.now_nanos()).0;
         // The latest of all readings: another shard's older one must not hide it.
-        self.passed.fetch_max(tick, Ordering::Relaxed);
+        self.passed.tick.fetch_max(tick, Ordering::Relaxed);
         tick
     }
 
@@ -298,7 +314,20 @@ impl TickClock {
     /// can tell. Reads no clock.
     #[inline]
     pub(crate) fn not_reached(&self, tick: u64) -> bool {
-        tick > self.passed.load(Ordering::Relaxed)
+        tick > self.passed.tick.load(Ordering::Relaxed)
+    }
+
+    /// [`not_reached`](Self::not_reached), and no shard of the engine has swept its timers
+    /// ([`note_sweep`](Self::note_sweep)): a timer due at `tick` is still pending unless its
+    /// own sleep (or its thread's kept timers) cancelled it. One line read for both.
+    #[inline]
+    pub(crate) fn neither_reached_nor_swept(&self, tick: u64) -> bool {
+        self.not_reached(tick) && !self.passed.swept.load(Ordering::Relaxed)
+    }
+
+    /// Notes that a shard is about to cancel timers from outside their owners (see `Passed`).
+    pub(crate) fn note_sweep(&self) {
+        self.passed.swept.store(true, Ordering::Relaxed);
     }
 
     /// The deadline `delay` from now: on the cycle clock (see [`tick_after`](Self::tick_after))

@@ -72,13 +72,6 @@ pub(crate) struct ShardShared {
     /// New one-shot timers on their way to the owner, one ring per submitting thread.
     pub(crate) stages: Stages,
     pub(crate) clock: TickClock,
-    /// Set before the shard cancels timers from outside their owners, which only shutdown's
-    /// sweep ([`ShardOwner::close`](super::owner::ShardOwner::close)) and the wake-ups after a
-    /// failure do; never cleared. Until then a `Sleep` knows its timer pending while the clock
-    /// shows its tick not reached, without reading its slot (see `futures::TimerSlot::
-    /// surely_pending`). Orders nothing itself: the sweep wakes the sleeps' tasks after it, so
-    /// a poll that follows such a wake-up sees it set. Plain `std` under loom for that reason.
-    pub(crate) swept: crate::sync::statistics::AtomicBool,
     pub(crate) counters: ShardCounters,
     pub(crate) limit: Option<Arc<PendingLimit>>,
     /// Test-only fault: the worker thread panics at its next turn (see
@@ -94,7 +87,6 @@ impl ShardShared {
             inbox: Inbox::new(),
             stages: Stages::new(),
             clock,
-            swept: crate::sync::statistics::AtomicBool::new(false),
             counters: ShardCounters::new(),
             limit,
             #[cfg(feature = "test-hooks")]
@@ -119,15 +111,12 @@ impl ShardShared {
         self.inbox.close();
     }
 
-    /// Notes that this shard is about to cancel timers from outside (see `swept`).
+    /// Notes, before this shard cancels timers from outside their owners (shutdown's sweep,
+    /// [`ShardOwner::close`](super::owner::ShardOwner::close), and the wake-ups after a
+    /// failure), that no `Sleep` may know its timer pending without reading its slot any more
+    /// (see [`TickClock::note_sweep`]).
     pub(crate) fn note_sweep(&self) {
-        self.swept.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Whether [`note_sweep`](Self::note_sweep) was called.
-    #[inline]
-    pub(crate) fn has_swept(&self) -> bool {
-        self.swept.load(std::sync::atomic::Ordering::Relaxed)
+        self.clock.note_sweep();
     }
 
     /// Why a schedule found the inbox closed (or a sleep found its timer cancelled from

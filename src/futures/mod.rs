@@ -78,16 +78,17 @@ impl TimerSlot {
 
     /// Whether the timer is certainly pending, known without reading its slot
     /// (a line of the engine's that a server's worker, touching it once per request, finds
-    /// cold): no shard has reached its tick ([`TickClock::not_reached`]), so it has not fired,
-    /// and its shard has not swept its timers ([`ShardShared::swept`]), the only cancel not
-    /// made by the timer's own sleep (or its thread's kept timers). Either may have happened
-    /// unseen just before: then its wake-up of this task comes after this poll, which polls
-    /// again. `false` says nothing: read the slot.
+    /// cold): no shard has reached its tick, so it has not fired, and no shard of the engine
+    /// has swept its timers, the only cancel not made by the timer's own sleep (or its
+    /// thread's kept timers); both read on one line
+    /// ([`TickClock::neither_reached_nor_swept`]). Either may have happened unseen just
+    /// before: then its wake-up of this task comes after this poll, which polls again. `false`
+    /// says nothing: read the slot.
     ///
-    /// [`TickClock::not_reached`]: crate::clock::TickClock::not_reached
+    /// [`TickClock::neither_reached_nor_swept`]: crate::clock::TickClock::neither_reached_nor_swept
     #[inline(always)]
     fn surely_pending(self, engine: &Engine) -> bool {
-        engine.clock.not_reached(self.tick) && !self.shard(engine).has_swept()
+        engine.clock.neither_reached_nor_swept(self.tick)
     }
 
     /// The timer's state: pending if [`surely_pending`](Self::surely_pending) says so, else
@@ -208,7 +209,7 @@ impl WakerIdentity {
 /// waker, or found the timer pending with a waker that wakes the same task (the sleep keeps the
 /// identity of the waker the timer's task holds, not a clone: see `WakerIdentity`). It finds
 /// the timer pending without reading its slot while no shard has reached the timer's tick and
-/// its shard has swept nothing (`TimerSlot::surely_pending`), else in the slot. A timer
+/// none has swept its timers (`TimerSlot::surely_pending`), else in the slot. A timer
 /// that fires while a poll replaces it makes that poll's `cancel` fail, and the poll completes
 /// instead. On a manual clock, a poll that
 /// schedules looks at the time again afterwards, since the shard turns only in `advance`.
