@@ -111,10 +111,8 @@ impl ShardShared {
         self.inbox.close();
     }
 
-    /// Notes, before this shard cancels timers from outside their owners (shutdown's sweep,
-    /// [`ShardOwner::close`](super::owner::ShardOwner::close), and the wake-ups after a
-    /// failure), that no `Sleep` may know its timer pending without reading its slot any more
-    /// (see [`TickClock::note_sweep`]).
+    /// Notes that this shard is about to cancel timers from outside their owners (see
+    /// [`TickClock::note_sweep`]).
     pub(crate) fn note_sweep(&self) {
         self.clock.note_sweep();
     }
