@@ -341,6 +341,12 @@ impl TickClock {
         {
             return deadline;
         }
+        self.instant_after(delay)
+    }
+
+    /// [`deadline_after`](Self::deadline_after) where [`cycle_deadline_after`] gave none (no
+    /// cycle clock, or a deadline beyond its nanoseconds): an instant.
+    pub(crate) fn instant_after(&self, delay: Duration) -> Deadline {
         let now = match self.cycle_now_nanos() {
             Some(now) => self.instant_of(Deadline::Nanos(now)),
             None => self.clock.now(),

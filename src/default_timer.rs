@@ -157,7 +157,7 @@ impl Local {
     fn deadline_after(self, delay: Duration) -> Deadline {
         self.cycle_offset
             .and_then(|offset| cycle_deadline_after(offset, delay))
-            .unwrap_or_else(|| self.engine.clock.deadline_after(delay))
+            .unwrap_or_else(|| self.engine.clock.instant_after(delay))
     }
 }
 
