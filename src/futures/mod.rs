@@ -531,9 +531,27 @@ impl Sleep {
         this.poll_unsure(cx)
     }
 
-    /// [`poll_sleep`](Self::poll_sleep) past its in-line cases.
+    /// [`poll_sleep`](Self::poll_sleep) past its in-line cases. Its own case is the first poll
+    /// of a keeping sleep on the system clock that takes over its task's kept timer (hyper's
+    /// header-read sleep at each request, the timeout of a task that loops): a few lines of
+    /// code, the other cases a call away.
     #[inline(never)]
     fn poll_unsure(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ScheduleError>> {
+        let take_first = !self.armed && self.keep && !self.engine.clock.clock().is_manual();
+        if take_first && self.take_kept(cx.waker()) {
+            return Poll::Pending;
+        }
+        self.poll_past_take(cx, take_first)
+    }
+
+    /// [`poll_unsure`](Self::poll_unsure) past its own case; `tried`: that case tried (and
+    /// failed) to take a kept timer.
+    #[inline(never)]
+    fn poll_past_take(
+        &mut self,
+        cx: &mut Context<'_>,
+        tried: bool,
+    ) -> Poll<Result<(), ScheduleError>> {
         if self.armed
             && let Some(done) = self.poll_armed(cx)
         {
@@ -543,7 +561,7 @@ impl Sleep {
         // timer's, which then fires at its shard's next turn (and is not pending at all if the
         // shard has seen its tick), as a timer armed now would. But a manual clock's shard turns
         // only in `advance`, which may never come: there a passed deadline completes first.
-        if self.keep && !self.passed_on_manual_clock() && self.take_kept(cx.waker()) {
+        if !tried && self.keep && !self.passed_on_manual_clock() && self.take_kept(cx.waker()) {
             return Poll::Pending;
         }
         // Lazy registration: the first poll that does not know the deadline passed schedules
