@@ -335,13 +335,21 @@ impl TickClock {
     /// [`far_future`]'s.
     #[inline]
     pub(crate) fn deadline_after(&self, delay: Duration) -> Deadline {
-        if let Some(deadline) = self
-            .cycle_offset
-            .and_then(|offset| cycle_deadline_after(offset, delay))
-        {
+        if let Some(deadline) = self.cycle_deadline(delay) {
             return deadline;
         }
         self.instant_after(delay)
+    }
+
+    /// [`deadline_after`](Self::deadline_after)'s cycle-clock case: `None` where it takes an
+    /// instant ([`instant_after`](Self::instant_after)). Callers that go on to copy the
+    /// deadline take the other case out of line: merged with an out-of-line result, the
+    /// deadline would pass through memory in two stores, which a 16-byte load that copies it
+    /// cannot take its bytes from (see `futures/whole.rs`).
+    #[inline(always)]
+    pub(crate) fn cycle_deadline(&self, delay: Duration) -> Option<Deadline> {
+        self.cycle_offset
+            .and_then(|offset| cycle_deadline_after(offset, delay))
     }
 
     /// [`deadline_after`](Self::deadline_after) where [`cycle_deadline_after`] gave none (no

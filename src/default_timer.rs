@@ -121,20 +121,11 @@ fn build_default() -> &'static Timer {
 #[track_caller]
 #[inline]
 pub fn sleep(delay: Duration) -> Sleep {
-    sleep_made(delay).whole()
-}
-
-/// [`sleep`], before it is written whole (see `Sleep::whole`).
-#[track_caller]
-#[inline(always)]
-fn sleep_made(delay: Duration) -> Sleep {
     let local = local();
-    Sleep::with(
-        Lease::forever(local.engine),
-        local.deadline_after(delay),
-        delay.is_zero(),
-        local.keeps,
-    )
+    match local.cycle_deadline(delay) {
+        Some(deadline) => local.sleep_until(deadline, delay).whole(),
+        None => local.sleep_at_instant_after(delay),
+    }
 }
 
 /// What the default timer's sleeps need of it, copied to each thread that makes them: making
@@ -151,13 +142,33 @@ struct Local {
 }
 
 impl Local {
-    /// [`TickClock::deadline_after`](crate::clock::TickClock::deadline_after), from the copied
-    /// offset where the cycle clock is read (the engine's clock only where it is not).
+    /// [`TickClock::cycle_deadline`](crate::clock::TickClock::cycle_deadline), from the copied
+    /// offset: `None` where the sleep takes an instant
+    /// ([`sleep_at_instant_after`](Self::sleep_at_instant_after)), out of line so that the
+    /// deadline stays in registers.
     #[inline(always)]
-    fn deadline_after(self, delay: Duration) -> Deadline {
+    fn cycle_deadline(self, delay: Duration) -> Option<Deadline> {
         self.cycle_offset
             .and_then(|offset| cycle_deadline_after(offset, delay))
-            .unwrap_or_else(|| self.engine.clock.instant_after(delay))
+    }
+
+    /// The sleep of [`sleep`] (`delay`), until `deadline`.
+    #[inline(always)]
+    fn sleep_until(self, deadline: Deadline, delay: Duration) -> Sleep {
+        Sleep::with(
+            Lease::forever(self.engine),
+            deadline,
+            delay.is_zero(),
+            self.keeps,
+        )
+    }
+
+    /// The sleep of [`sleep`] where the cycle clock gives no deadline: until the engine's
+    /// clock's instant `delay` from now.
+    #[cold]
+    #[inline(never)]
+    fn sleep_at_instant_after(self, delay: Duration) -> Sleep {
+        self.sleep_until(self.engine.clock.instant_after(delay), delay)
     }
 }
 
@@ -236,7 +247,11 @@ pub fn timeout<F: IntoFuture>(delay: Duration, future: F) -> Timeout<F::IntoFutu
 #[track_caller]
 #[inline(never)]
 fn sleep_out_of_line(delay: Duration) -> Sleep {
-    sleep_made(delay)
+    let local = local();
+    match local.cycle_deadline(delay) {
+        Some(deadline) => local.sleep_until(deadline, delay),
+        None => local.sleep_at_instant_after(delay),
+    }
 }
 
 /// [`Timer::timeout_at`] on the default timer (`tokio::time::timeout_at`). Panics as [`sleep`]
