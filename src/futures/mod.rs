@@ -372,7 +372,10 @@ impl Sleep {
 
     /// [`reset`](Self::reset) to `deadline` in either form: compared with the timer's due
     /// deadline as [`TickClock::no_later_than`](crate::clock::TickClock::no_later_than)
-    /// compares them (two cycle-clock deadlines without instant arithmetic).
+    /// compares them (two cycle-clock deadlines without instant arithmetic). The new deadline
+    /// is stored first, from registers: held in a place of its own for a call, it would be
+    /// copied from two stores by one load that cannot take its bytes from them (see
+    /// `futures/whole.rs`).
     #[inline(always)]
     fn reset_to(&mut self, deadline: Deadline) {
         self.elapsed = false;
@@ -380,13 +383,15 @@ impl Sleep {
             self.deadline = deadline;
             return;
         }
-        match self.timer_due {
+        let due = self.timer_due();
+        self.deadline = deadline;
+        if self.engine.clock.no_later_than(due, deadline) {
             // Later than the timer, which stays: the poll after it fires schedules one for the
             // new deadline (see "How it works").
-            Some(due) if self.engine.clock.no_later_than(due, deadline) => {
-                self.move_later(deadline, due)
-            }
-            _ => self.reset_armed(deadline),
+            self.timer_due = Some(due);
+            self.timer.count_reset(&self.engine);
+        } else {
+            self.move_timer_to_deadline();
         }
     }
 
@@ -409,17 +414,19 @@ impl Sleep {
     /// ```
     pub fn reset_after(self: Pin<&mut Self>, delay: Duration) {
         let this = self.get_mut();
-        let deadline = this.engine.clock.deadline_after(delay);
-        this.reset_to(deadline);
+        // The deadline kept in registers (see `TickClock::cycle_deadline`).
+        match this.engine.clock.cycle_deadline(delay) {
+            Some(deadline) => this.reset_to(deadline),
+            None => this.reset_to_instant_after(delay),
+        }
     }
 
-    /// Moves an armed sleep's deadline to `deadline`, at or after `due`, when its timer is
-    /// due: the timer stays (see "How it works").
-    #[inline]
-    fn move_later(&mut self, deadline: Deadline, due: Deadline) {
-        self.timer_due = Some(due);
-        self.deadline = deadline;
-        self.timer.count_reset(&self.engine);
+    /// [`reset_after`](Self::reset_after) where the cycle clock gives no deadline.
+    #[cold]
+    #[inline(never)]
+    fn reset_to_instant_after(&mut self, delay: Duration) {
+        let deadline = self.engine.clock.instant_after(delay);
+        self.reset_to(deadline);
     }
 
     /// When the armed timer is due.
@@ -446,23 +453,18 @@ impl Sleep {
         self.armed = false;
     }
 
-    /// [`reset`](Self::reset) of an armed sleep, unless it moves the deadline later than a
-    /// timer whose due instant the sleep already knows.
+    /// [`reset`](Self::reset) of an armed sleep to a deadline (already stored) before its
+    /// timer's: the timer moves to it in place, unless it has fired (or shutdown cancelled it):
+    /// then the next poll schedules anew.
     #[cold]
     #[inline(never)]
-    fn reset_armed(&mut self, deadline: Deadline) {
-        let due = self.timer_due();
-        if self.engine.clock.no_later_than(due, deadline) {
-            return self.move_later(deadline, due);
-        }
-        let instant = self.engine.clock.instant_of(deadline);
+    fn move_timer_to_deadline(&mut self) {
+        let instant = self.engine.clock.instant_of(self.deadline);
         if self.timer.reset_at(&self.engine, instant) {
             self.timer_due = None;
         } else {
-            // It fired (or shutdown cancelled it): the next poll schedules anew.
             self.let_go_of_timer();
         }
-        self.deadline = deadline;
     }
 
     /// Schedules a timer due at `tick` (the deadline's) waking `waker` (the deadline is ahead, or
