@@ -373,9 +373,8 @@ impl Sleep {
     /// [`reset`](Self::reset) to `deadline` in either form: compared with the timer's due
     /// deadline as [`TickClock::no_later_than`](crate::clock::TickClock::no_later_than)
     /// compares them (two cycle-clock deadlines without instant arithmetic). The new deadline
-    /// is stored first, from registers: held in a place of its own for a call, it would be
-    /// copied from two stores by one load that cannot take its bytes from them (see
-    /// `futures/whole.rs`).
+    /// is stored first, from registers, and the cold case reads it from there (why: see
+    /// `TickClock::cycle_deadline`).
     #[inline(always)]
     fn reset_to(&mut self, deadline: Deadline) {
         self.elapsed = false;
