@@ -121,11 +121,7 @@ fn build_default() -> &'static Timer {
 #[track_caller]
 #[inline]
 pub fn sleep(delay: Duration) -> Sleep {
-    let local = local();
-    match local.cycle_deadline(delay) {
-        Some(deadline) => local.sleep_until(deadline, delay).whole(),
-        None => local.sleep_at_instant_after(delay),
-    }
+    local().sleep_after::<true>(delay)
 }
 
 /// What the default timer's sleeps need of it, copied to each thread that makes them: making
@@ -142,17 +138,22 @@ struct Local {
 }
 
 impl Local {
-    /// [`TickClock::cycle_deadline`](crate::clock::TickClock::cycle_deadline), from the copied
-    /// offset: `None` where the sleep takes an instant
-    /// ([`sleep_at_instant_after`](Self::sleep_at_instant_after)), out of line so that the
-    /// deadline stays in registers.
+    /// The sleep of [`sleep`]: its deadline from the copied offset on the cycle clock (as
+    /// [`TickClock::cycle_deadline`](crate::clock::TickClock::cycle_deadline), which says why
+    /// the other case is out of line), written whole (see `Sleep::whole`) if `WHOLE`.
     #[inline(always)]
-    fn cycle_deadline(self, delay: Duration) -> Option<Deadline> {
-        self.cycle_offset
+    fn sleep_after<const WHOLE: bool>(self, delay: Duration) -> Sleep {
+        match self
+            .cycle_offset
             .and_then(|offset| cycle_deadline_after(offset, delay))
+        {
+            Some(deadline) if WHOLE => self.sleep_until(deadline, delay).whole(),
+            Some(deadline) => self.sleep_until(deadline, delay),
+            None => self.sleep_at_instant_after(delay),
+        }
     }
 
-    /// The sleep of [`sleep`] (`delay`), until `deadline`.
+    /// The sleep of [`sleep`] (`delay`) until `deadline`.
     #[inline(always)]
     fn sleep_until(self, deadline: Deadline, delay: Duration) -> Sleep {
         Sleep::with(
@@ -247,11 +248,7 @@ pub fn timeout<F: IntoFuture>(delay: Duration, future: F) -> Timeout<F::IntoFutu
 #[track_caller]
 #[inline(never)]
 fn sleep_out_of_line(delay: Duration) -> Sleep {
-    let local = local();
-    match local.cycle_deadline(delay) {
-        Some(deadline) => local.sleep_until(deadline, delay),
-        None => local.sleep_at_instant_after(delay),
-    }
+    local().sleep_after::<false>(delay)
 }
 
 /// [`Timer::timeout_at`] on the default timer (`tokio::time::timeout_at`). Panics as [`sleep`]
