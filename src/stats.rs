@@ -121,7 +121,10 @@ pub struct ShardStats {
     pub fired: u64,
     /// Timers cancelled, by a handle or by shutdown.
     pub cancelled: u64,
-    /// Successful resets.
+    /// Successful resets. A [`Sleep`](crate::Sleep)'s resets to a deadline at or after its
+    /// timer's, which leave the timer where it is (see the `Sleep` table), are counted when the
+    /// sleep lets go of that timer: at the poll that finds it fired, or when the sleep is
+    /// dropped or replaces it. Until then they touch no memory but the sleep's.
     pub reset: u64,
     /// Calls into user code that panicked: task runs, and drops of tasks, wakers or panic
     /// payloads (caught; the engine carried on).
@@ -156,7 +159,7 @@ pub struct Stats {
     pub fired: u64,
     /// Timers cancelled, by a handle or by shutdown.
     pub cancelled: u64,
-    /// Successful resets.
+    /// Successful resets (counted as [`ShardStats::reset`] says).
     pub reset: u64,
     /// Calls into user code that panicked: task runs, and drops of tasks, wakers or panic
     /// payloads (caught; the engine carried on).
@@ -344,10 +347,10 @@ impl ShardCounters {
         }
     }
 
-    /// Counts a reset done in place by the thread whose stripe ordinal is `ordinal`.
+    /// Counts `count` resets done in place by the thread whose stripe ordinal is `ordinal`.
     #[inline]
-    pub(crate) fn count_reset(&self, ordinal: usize) {
-        self.lazy_resets.add_at(ordinal, 1);
+    pub(crate) fn count_resets(&self, ordinal: usize, count: u64) {
+        self.lazy_resets.add_at(ordinal, count);
     }
 
     /// Adds a shard's local lateness record and clears it.

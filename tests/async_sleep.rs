@@ -240,6 +240,25 @@ fn reset_moves_the_deadline_later() {
 }
 
 #[test]
+fn resets_that_leave_the_timer_are_counted_when_the_sleep_lets_it_go() {
+    let timer = timer(1);
+    let mut sleep = timer.sleep(Duration::from_secs(60));
+    assert!(poll_noop(&mut sleep).is_pending());
+    // Later than the armed timer's deadline: the timer stays, and the sleep counts them.
+    for _ in 0..3 {
+        Pin::new(&mut sleep).reset_after(Duration::from_secs(120));
+    }
+    drop(sleep);
+    let stats = timer.stats();
+    assert_eq!(
+        (stats.scheduled, stats.cancelled, stats.reset),
+        (1, 1, 3),
+        "{stats:?}"
+    );
+    assert_eq!(stats.shards[0].reset, 3);
+}
+
+#[test]
 fn reset_after_is_never_early_in_either_direction() {
     let timer = timer(2);
     let sleep = timer.sleep(Duration::from_millis(10));

@@ -303,7 +303,7 @@ impl ShardShared {
         match self.slots.reset_lazy(index, generation, deadline) {
             LazyReset::NotPending => return false,
             LazyReset::Done { earlier } => {
-                self.counters.count_reset(counter_stripe());
+                self.counters.count_resets(counter_stripe(), 1);
                 if earlier {
                     let message = Message::Relocate {
                         index,

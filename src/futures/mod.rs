@@ -119,12 +119,12 @@ impl TimerSlot {
         moved
     }
 
-    /// Counts a reset that moved only the sleep's deadline (see [`Sleep::reset`]), as the
-    /// shard's `reset` counts one done in place.
-    fn count_reset(self, engine: &Engine) {
+    /// Counts `count` resets that moved only the sleep's deadline (see [`Sleep::reset`]), as
+    /// the shard's `reset` counts those done in place.
+    fn count_resets(self, engine: &Engine, count: u64) {
         self.shard(engine)
             .counters
-            .count_reset(crate::stats::counter_stripe());
+            .count_resets(crate::stats::counter_stripe(), count);
     }
 
     /// Lets go of the handle (as dropping a `TimerHandle` does).
@@ -264,6 +264,10 @@ pub struct Sleep {
     /// Dropped with a pending timer, it keeps the timer for its task's next sleep (see
     /// [`kept`]).
     keep: bool,
+    /// Resets that moved only `deadline` while the armed timer stayed, not yet counted in the
+    /// engine's stats: counted when the sleep lets go of that timer (`count_resets`), so
+    /// that such a reset touches no line but the sleep's.
+    uncounted_resets: u32,
 }
 
 impl fmt::Debug for Sleep {
@@ -299,6 +303,7 @@ impl Sleep {
             timer_due: None,
             elapsed,
             keep,
+            uncounted_resets: 0,
         }
     }
 
@@ -388,7 +393,10 @@ impl Sleep {
             // Later than the timer, which stays: the poll after it fires schedules one for the
             // new deadline (see "How it works").
             self.timer_due = Some(due);
-            self.timer.count_reset(&self.engine);
+            match self.uncounted_resets.checked_add(1) {
+                Some(uncounted) => self.uncounted_resets = uncounted,
+                None => self.count_resets_now(1),
+            }
         } else {
             self.move_timer_to_deadline();
         }
@@ -437,6 +445,7 @@ impl Sleep {
     /// cancelled.
     #[inline(never)]
     fn disarm(&mut self) {
+        self.count_resets();
         if self.keep
             && let Some(engine) = self.engine.as_forever()
         {
@@ -448,8 +457,26 @@ impl Sleep {
 
     /// Lets go of the armed timer (which has fired, or been cancelled): unarmed.
     fn let_go_of_timer(&mut self) {
+        self.count_resets();
         self.timer.release(&self.engine);
         self.armed = false;
+    }
+
+    /// Counts the resets not yet counted (see `uncounted_resets`): before the armed timer
+    /// goes, since they are counted on its shard.
+    #[inline]
+    fn count_resets(&mut self) {
+        if self.uncounted_resets != 0 {
+            self.count_resets_now(0);
+        }
+    }
+
+    /// [`count_resets`](Self::count_resets), plus `more`.
+    #[cold]
+    #[inline(never)]
+    fn count_resets_now(&mut self, more: u64) {
+        let count = u64::from(std::mem::take(&mut self.uncounted_resets)) + more;
+        self.timer.count_resets(&self.engine, count);
     }
 
     /// [`reset`](Self::reset) of an armed sleep to a deadline (already stored) before its
@@ -608,7 +635,8 @@ impl Sleep {
                 None
             }
             TimerState::Pending => {
-                timer.cancel_and_release(engine);
+                self.count_resets();
+                timer.cancel_and_release(&self.engine);
                 self.armed = false;
                 self.elapsed = true;
                 Some(Poll::Ready(Ok(())))
