@@ -127,8 +127,10 @@ pub fn sleep(delay: Duration) -> Sleep {
 /// What the default timer's sleeps need of it, copied to each thread that makes them: making
 /// one then reads this thread's copy, not the lines from the timer to its engine (which a
 /// server's worker, touching them once per request among its connections' data, finds cold).
-/// The default timer never changes once built, so a copy never goes stale.
+/// The default timer never changes once built, so a copy never goes stale. Aligned to its
+/// size, so that it never straddles two cache lines.
 #[derive(Clone, Copy)]
+#[repr(align(32))]
 struct Local {
     engine: &'static Engine,
     /// The engine's clock's cycle offset ([`TickClock::cycle_offset`](crate::clock::TickClock::cycle_offset)).
@@ -176,6 +178,10 @@ impl Local {
 std::thread_local! {
     static LOCAL: Cell<Option<Local>> = const { Cell::new(None) };
 }
+
+const _: () = {
+    assert!(size_of::<Option<Local>>() == 32);
+};
 
 /// This thread's copy of the default timer (building the timer if it is not built).
 #[track_caller]

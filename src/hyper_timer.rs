@@ -30,44 +30,55 @@ use std::time::{Duration, Instant};
 #[derive(Clone, Debug)]
 pub struct HyperTimer {
     timer: Which,
-    /// The timer runs on the system clock: [`now`](hyper::rt::Timer::now) reads it without
-    /// following the timer to its clock (lines a server's worker has rarely read since the
-    /// last request).
-    system_clock: bool,
 }
 
-/// The timer a [`HyperTimer`] schedules on.
+/// The timer a [`HyperTimer`] schedules on, and whether that timer runs on the system clock
+/// (`system_clock`, decided once): [`now`](hyper::rt::Timer::now) then reads the clock without
+/// following the timer to it (lines a server's worker has rarely read since the last request).
+/// The flag sits in the variants, so that a `HyperTimer` is 16 bytes: hyper keeps it in an
+/// `Arc`, whose allocation then holds both in one cache line, which `now` and the sleep that
+/// follows it read at each request.
 #[derive(Clone, Debug)]
 enum Which {
     /// The process-wide default timer, which is never dropped: its sleeps refer to its engine
     /// by a plain reference (no reference count bumped on every sleep, on a cache line every
     /// worker thread would share).
-    Default(&'static Timer),
+    Default {
+        timer: &'static Timer,
+        system_clock: bool,
+    },
     /// Any other timer.
-    Given(Timer),
+    Given { timer: Timer, system_clock: bool },
 }
+
+const _: () = {
+    assert!(size_of::<HyperTimer>() == 16);
+};
 
 impl HyperTimer {
     /// Hyper's timeouts on `timer`.
     pub fn new(timer: Timer) -> HyperTimer {
-        HyperTimer::on(Which::Given(timer))
-    }
-
-    /// Hyper's timeouts on `timer`, deciding once whether it runs on the system clock.
-    fn on(timer: Which) -> HyperTimer {
-        let mut hyper_timer = HyperTimer {
-            timer,
-            system_clock: false,
-        };
-        hyper_timer.system_clock = !hyper_timer.timer().clock().is_manual();
-        hyper_timer
+        let system_clock = !timer.clock().is_manual();
+        HyperTimer {
+            timer: Which::Given {
+                timer,
+                system_clock,
+            },
+        }
     }
 
     /// The timer it schedules on.
     pub fn timer(&self) -> &Timer {
         match &self.timer {
-            Which::Default(timer) => timer,
-            Which::Given(timer) => timer,
+            Which::Default { timer, .. } => timer,
+            Which::Given { timer, .. } => timer,
+        }
+    }
+
+    /// Whether its timer runs on the system clock.
+    fn system_clock(&self) -> bool {
+        match self.timer {
+            Which::Default { system_clock, .. } | Which::Given { system_clock, .. } => system_clock,
         }
     }
 }
@@ -80,7 +91,12 @@ impl Default for HyperTimer {
     /// If the default timer cannot be built.
     fn default() -> HyperTimer {
         match crate::default_timer() {
-            Ok(timer) => HyperTimer::on(Which::Default(timer)),
+            Ok(timer) => HyperTimer {
+                timer: Which::Default {
+                    timer,
+                    system_clock: !timer.clock().is_manual(),
+                },
+            },
             Err(error) => panic!("shardwheel: could not build the default timer: {error}"),
         }
     }
@@ -91,15 +107,15 @@ impl hyper::rt::Sleep for Sleep {}
 impl hyper::rt::Timer for HyperTimer {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(match &self.timer {
-            Which::Default(_) => crate::sleep(duration),
-            Which::Given(timer) => timer.sleep(duration),
+            Which::Default { .. } => crate::sleep(duration),
+            Which::Given { timer, .. } => timer.sleep(duration),
         })
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(match &self.timer {
-            Which::Default(_) => crate::sleep_until(deadline),
-            Which::Given(timer) => timer.sleep_until(deadline),
+            Which::Default { .. } => crate::sleep_until(deadline),
+            Which::Given { timer, .. } => timer.sleep_until(deadline),
         })
     }
 
@@ -108,7 +124,7 @@ impl hyper::rt::Timer for HyperTimer {
     /// (`src/cycle_clock.rs`), never before `Instant::now()` and at most tens of microseconds
     /// after it, so a deadline hyper adds to it is never early; elsewhere `Instant::now()`.
     fn now(&self) -> Instant {
-        if self.system_clock {
+        if self.system_clock() {
             return crate::cycle_clock::now_instant().unwrap_or_else(Instant::now);
         }
         self.timer().clock().now()
