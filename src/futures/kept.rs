@@ -14,7 +14,8 @@
 //! timer nobody takes fires so, for nothing, or is let go of when its place is needed or the
 //! thread exits.
 //!
-//! The timer of a thread's latest keeping drop is the *latest*, held apart from the table: a
+//! The timer of a thread's latest keeping drop is the *latest*, held apart from the table (on
+//! a cache line of its own: see `Latest`): a
 //! task that loops takes its timer over in the same poll that dropped it (a timeout ends, the
 //! next one begins), and then the table is not touched. The next keeping drop on the thread
 //! places the latest in the table, but only for a task that has been placed there before (its
@@ -51,37 +52,93 @@ use super::{Sleep, TimerSlot, WakerIdentity};
 use crate::TimerState;
 use crate::clock::Deadline;
 use crate::engine::Engine;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
+use std::mem::ManuallyDrop;
 
 /// Places in a thread's table when it first keeps (a power of two).
 const FIRST_PLACES: usize = 256;
 /// Places in a thread's table at most (a power of two): the most timers a thread keeps.
 const MAX_PLACES: usize = 4096;
 
-/// A kept timer: pending or fired (it is read when taken), due at `due`, waking the waker of
-/// the identity its place (or the latest's) holds. Dropping it lets the timer go (cancelled if
-/// still pending).
-struct Kept {
+/// A kept timer as it is held: pending or fired (it is read when taken), due at `due`, waking
+/// the waker of the identity its place (or the latest's) holds. Copied, it lets nothing go:
+/// [`Kept`] does, when dropped.
+#[derive(Clone, Copy)]
+struct RawKept {
     engine: &'static Engine,
     timer: TimerSlot,
     due: Deadline,
 }
 
-impl Kept {
-    /// The timer of `sleep` (armed, on `engine`), kept.
+impl RawKept {
+    /// The timer of `sleep` (armed, on `engine`).
     #[inline]
-    fn of(engine: &'static Engine, sleep: &Sleep) -> Kept {
-        Kept {
+    fn of(engine: &'static Engine, sleep: &Sleep) -> RawKept {
+        RawKept {
             engine,
             timer: sleep.timer,
             due: sleep.timer_due(),
         }
     }
+
+    /// Whether a keeping sleep on `engine` may take it over (see [`take`]): its engine's, due
+    /// no later than the sleep's deadline, and still pending (known after the identities
+    /// matched: the kept timer's waker is alive, so it is the sleep's task's: see the module
+    /// documentation).
+    #[inline(always)]
+    fn fits(&self, engine: &'static Engine, sleep: &Sleep) -> Fit {
+        if !std::ptr::eq(self.engine, engine)
+            || !engine.clock.no_later_than(self.due, sleep.deadline)
+        {
+            return Fit::No;
+        }
+        if self.timer.known_state(engine) != TimerState::Pending {
+            return Fit::Gone;
+        }
+        Fit::Yes
+    }
+
+    /// Arms `sleep` (unarmed) with it, for the task of `identity`.
+    #[inline(always)]
+    fn arm(self, identity: WakerIdentity, sleep: &mut Sleep) {
+        sleep.timer = self.timer;
+        sleep.waker = identity;
+        sleep.timer_due = Some(self.due);
+        sleep.armed = true;
+    }
+
+    /// It, to let go of when dropped.
+    #[inline]
+    fn into_kept(self) -> Kept {
+        Kept(self)
+    }
+}
+
+/// What a kept timer is to a sleep that would take it over ([`RawKept::fits`]).
+enum Fit {
+    /// It may take it.
+    Yes,
+    /// Not for it: another engine's, or due later.
+    No,
+    /// Fired, or cancelled by shutdown: its task is gone already, so letting go of it runs no
+    /// user code, and may happen in the table's borrow.
+    Gone,
+}
+
+/// A kept timer that lets its timer go (cancelled if still pending) when dropped.
+struct Kept(RawKept);
+
+impl Kept {
+    /// It, as held without its drop.
+    #[inline]
+    fn into_raw(self) -> RawKept {
+        ManuallyDrop::new(self).0
+    }
 }
 
 impl Drop for Kept {
     fn drop(&mut self) {
-        self.timer.cancel_and_release(self.engine);
+        self.0.timer.cancel_and_release(self.0.engine);
     }
 }
 
@@ -156,8 +213,8 @@ impl Places {
     /// Doubles the table, placing every entry again. Of two entries that come to share a
     /// place, one with a timer stays; the other is forgotten, and its timer let go of here, in
     /// the table's borrow (rare: at most a few times in a thread's life). Its task's drop, if it
-    /// runs one, is contained (`executor::contain`), and a sleep that it may drop finds the
-    /// table in use and keeps nothing.
+    /// runs one, is contained (`executor::contain`), and a sleep that it may drop keeps its
+    /// timer as the latest, letting go of the latest it displaces (the table is in use).
     fn grow(&mut self) {
         let old = std::mem::take(&mut self.0);
         self.0.resize_with(old.len() * 2, Place::default);
@@ -174,96 +231,66 @@ impl Places {
     }
 }
 
-/// Arms `sleep` with the timer `held` keeps for `identity` (see [`take`]).
-#[inline(always)]
-fn take_held(
-    held: &mut Option<Kept>,
-    engine: &'static Engine,
+/// The timer of a thread's latest keeping drop and its identity (`FREE` and none if there is
+/// none), not placed in the table yet: the next keeping drop places it. A task that takes its
+/// timer over in the same poll that dropped it (a loop over timeouts) finds it here, without a
+/// look at the table.
+///
+/// One cache line, in a thread-local of its own without a destructor, so that a take or a keep
+/// reads neither a registration state nor a borrow flag: a copy in and out of a `Cell` (no
+/// user code runs in between). The table's destructor lets go of its timer ([`Table`]), so a
+/// keep puts a timer here only while that destructor is registered and has not run.
+#[derive(Clone, Copy)]
+struct Latest {
     identity: WakerIdentity,
-    sleep: &mut Sleep,
-) -> Option<()> {
-    let kept = held.as_ref()?;
-    if !std::ptr::eq(kept.engine, engine) || !engine.clock.no_later_than(kept.due, sleep.deadline) {
-        return None;
-    }
-    // Pending, known after the identities matched: the kept timer's waker is alive, so it is
-    // this task's (see the module documentation).
-    if kept.timer.known_state(engine) != TimerState::Pending {
-        // Fired, or cancelled by shutdown: its task is gone already, so letting go of it runs
-        // no user code, and may happen in the table's borrow.
-        *held = None;
-        return None;
-    }
-    let kept = std::mem::ManuallyDrop::new(held.take()?);
-    sleep.timer = kept.timer;
-    sleep.waker = identity;
-    sleep.timer_due = Some(kept.due);
-    sleep.armed = true;
-    Some(())
+    kept: Option<RawKept>,
 }
 
-/// A thread's kept timers.
+/// The thread's [`Latest`], on a cache line of its own (the alignment is the line's, not the
+/// copies': a copy on the stack needs none).
+#[repr(align(64))]
+struct LatestLine(Cell<Latest>);
+
+const _: () = {
+    assert!(size_of::<LatestLine>() == 64);
+};
+
+impl Latest {
+    const NONE: Latest = Latest {
+        identity: FREE,
+        kept: None,
+    };
+}
+
+/// Empties the latest, leaving its identity (`identity`) known as the latest's.
+#[inline(always)]
+fn let_go_of_latest(identity: WakerIdentity) {
+    LATEST.with(|line| {
+        line.0.set(Latest {
+            identity,
+            kept: None,
+        })
+    });
+}
+
+/// A thread's table of places. Dropped at the thread's exit, it lets go of its timers and of
+/// the latest's.
 #[derive(Default)]
-struct KeptTimers {
-    /// The identity of the timer in `latest` (`FREE` if none).
-    latest_identity: WakerIdentity,
-    /// The timer of the thread's latest keeping drop, not placed in the table yet: the next
-    /// keeping drop places it. A task that takes its timer over in the same poll that dropped it
-    /// (a loop over timeouts) finds it here, without a look at the table.
-    latest: Option<Kept>,
+struct Table {
     places: Places,
 }
 
-impl KeptTimers {
-    /// See [`keep`]: returns the timer to let go of.
-    #[inline]
-    fn keep(&mut self, engine: &'static Engine, sleep: &Sleep) -> Option<Kept> {
-        // Written as one replace: through `place_latest` and then a store, the compiler moved
-        // the timer through the stack once more.
-        let previous = self.latest.replace(Kept::of(engine, sleep));
-        let identity = std::mem::replace(&mut self.latest_identity, sleep.waker);
-        self.places.place(identity, previous?)
-    }
-
-    /// Places the latest in the table, as the next [`keep`](Self::keep) would: returns the
-    /// timer to let go of.
-    #[cfg(test)]
-    fn place_latest(&mut self) -> Option<Kept> {
-        let identity = std::mem::replace(&mut self.latest_identity, FREE);
-        let latest = self.latest.take()?;
-        self.places.place(identity, latest)
-    }
-
-    /// See [`take`].
-    #[inline]
-    fn take(
-        &mut self,
-        engine: &'static Engine,
-        identity: WakerIdentity,
-        sleep: &mut Sleep,
-    ) -> Option<()> {
-        if self.latest_identity == identity
-            && take_held(&mut self.latest, engine, identity, sleep).is_some()
-        {
-            return Some(());
-        }
-        let place = self.places.known(identity)?;
-        take_held(&mut self.places.0[place].held, engine, identity, sleep)
-    }
-
-    /// How many timers it keeps.
-    #[cfg(test)]
-    fn count(&self) -> usize {
-        let placed = self.places.0.iter().filter(|place| place.held.is_some());
-        usize::from(self.latest.is_some()) + placed.count()
+impl Drop for Table {
+    fn drop(&mut self) {
+        let latest = LATEST.with(|line| line.0.replace(Latest::NONE));
+        drop(latest.kept.map(RawKept::into_kept));
     }
 }
 
 std::thread_local! {
-    static KEPT_TIMERS: RefCell<KeptTimers> = const {
-        RefCell::new(KeptTimers {
-            latest_identity: FREE,
-            latest: None,
+    static LATEST: LatestLine = const { LatestLine(Cell::new(Latest::NONE)) };
+    static TABLE: RefCell<Table> = const {
+        RefCell::new(Table {
             places: Places(Vec::new()),
         })
     };
@@ -272,17 +299,55 @@ std::thread_local! {
 /// Keeps the timer of `sleep` (armed, on `engine`; pending or not) on this thread, as the
 /// latest; the one it replaces there goes to the table if its identity is known here (see the
 /// module documentation), else its identity is noted and it is let go of. The sleep's drop ends
-/// there. A timer let go of (also this one if the table is gone, or in use further up the
-/// stack) is dropped after the table's borrow ends (its drop may run user code, which may keep
-/// a timer).
+/// there. If the table is gone (the thread exits), it is let go of at once.
 #[inline]
 pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
-    let let_go =
-        match KEPT_TIMERS.try_with(|all| Some(all.try_borrow_mut().ok()?.keep(engine, sleep))) {
-            Ok(Some(let_go)) => let_go,
-            Ok(None) | Err(_) => Some(Kept::of(engine, sleep)),
-        };
+    let kept = RawKept::of(engine, sleep);
+    // Registers the table's destructor, which lets go of the latest, unless it has run.
+    if TABLE.try_with(|_| ()).is_err() {
+        drop(kept.into_kept());
+        return;
+    }
+    let latest = Latest {
+        identity: sleep.waker,
+        kept: Some(kept),
+    };
+    // Swapped in before the previous is placed (which may run user code that keeps a timer),
+    // and only copied out if there is one (the previous was taken over, in a loop).
+    let previous = LATEST.with(|line| {
+        if line.0.get().kept.is_none() {
+            line.0.set(latest);
+            return None;
+        }
+        Some(line.0.replace(latest))
+    });
+    if let Some(Latest {
+        identity,
+        kept: Some(previous),
+    }) = previous
+    {
+        place(identity, previous.into_kept());
+    }
+}
+
+/// Places `kept`, the timer of `identity`, in this thread's table (see [`Places::place`]). A
+/// timer let go of (also this one if the table is gone, or in use further up the stack) is
+/// dropped after the table's borrow ends: its drop may run user code, which may keep a timer.
+#[inline(never)]
+fn place(identity: WakerIdentity, kept: Kept) {
+    let mut kept = Some(kept);
+    let let_go = TABLE
+        .try_with(|table| {
+            table
+                .try_borrow_mut()
+                .ok()?
+                .places
+                .place(identity, kept.take()?)
+        })
+        .ok()
+        .flatten();
     drop(let_go);
+    drop(kept);
 }
 
 /// Arms `sleep` (unarmed, on `engine`, polled with a waker of `identity`) with the timer kept
@@ -291,38 +356,85 @@ pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
 /// is let go of. Whether it did.
 #[inline]
 pub(super) fn take(engine: &'static Engine, identity: WakerIdentity, sleep: &mut Sleep) -> bool {
-    KEPT_TIMERS
-        .try_with(|all| all.try_borrow_mut().ok()?.take(engine, identity, sleep))
-        .is_ok_and(|taken| taken.is_some())
+    let latest = LATEST.with(|line| line.0.get());
+    if latest.identity == identity
+        && let Some(kept) = latest.kept
+    {
+        match kept.fits(engine, sleep) {
+            Fit::Yes => {
+                let_go_of_latest(identity);
+                kept.arm(identity, sleep);
+                return true;
+            }
+            Fit::Gone => {
+                let_go_of_latest(identity);
+                drop(kept.into_kept());
+            }
+            Fit::No => {}
+        }
+    }
+    take_placed(engine, identity, sleep)
 }
 
-/// Lets go of every timer kept on this thread. Whether there was any.
-#[cfg(test)]
-fn let_go_of_all() -> bool {
-    let all = KEPT_TIMERS
-        .try_with(|all| {
-            all.try_borrow_mut()
-                .map(|mut all| std::mem::take(&mut *all))
-                .unwrap_or_default()
+/// [`take`] from the place of `identity`, if it is known.
+#[inline(never)]
+fn take_placed(engine: &'static Engine, identity: WakerIdentity, sleep: &mut Sleep) -> bool {
+    TABLE
+        .try_with(|table| {
+            let mut table = table.try_borrow_mut().ok()?;
+            let place = table.places.known(identity)?;
+            let held = &mut table.places.0[place].held;
+            match held.as_ref()?.0.fits(engine, sleep) {
+                Fit::Yes => {
+                    held.take()?.into_raw().arm(identity, sleep);
+                    Some(())
+                }
+                Fit::Gone => {
+                    *held = None;
+                    None
+                }
+                Fit::No => None,
+            }
         })
-        .unwrap_or_default();
-    let any = all.count() > 0;
-    // Dropped here, out of the borrow.
-    drop(all);
-    any
-}
-
-/// Places the latest kept timer as the next keep would (see [`KeptTimers::place_latest`]).
-#[cfg(test)]
-fn place_latest() {
-    let let_go = KEPT_TIMERS.with(|all| all.borrow_mut().place_latest());
-    drop(let_go);
+        .is_ok_and(|taken| taken.is_some())
 }
 
 /// How many timers this thread keeps.
 #[cfg(test)]
 fn kept_here() -> usize {
-    KEPT_TIMERS.with(|all| all.borrow().count())
+    let latest = LATEST.with(|line| line.0.get());
+    let placed = TABLE.with(|table| {
+        let table = table.borrow();
+        let placed = table.places.0.iter().filter(|place| place.held.is_some());
+        placed.count()
+    });
+    usize::from(latest.kept.is_some()) + placed
+}
+
+/// Lets go of every timer kept on this thread. Whether there was any.
+#[cfg(test)]
+fn let_go_of_all() -> bool {
+    let any = kept_here() > 0;
+    let table = TABLE
+        .try_with(|table| {
+            table
+                .try_borrow_mut()
+                .map(|mut table| std::mem::take(&mut *table))
+                .unwrap_or_default()
+        })
+        .unwrap_or_default();
+    // Dropped here, out of the borrow: the latest goes with it.
+    drop(table);
+    any
+}
+
+/// Places the latest kept timer as the next keep would.
+#[cfg(test)]
+fn place_latest() {
+    let latest = LATEST.with(|line| line.0.replace(Latest::NONE));
+    if let Some(kept) = latest.kept {
+        place(latest.identity, kept.into_kept());
+    }
 }
 
 #[cfg(test)]
