@@ -127,10 +127,8 @@ pub fn sleep(delay: Duration) -> Sleep {
 /// What the default timer's sleeps need of it, copied to each thread that makes them: making
 /// one then reads this thread's copy, not the lines from the timer to its engine (which a
 /// server's worker, touching them once per request among its connections' data, finds cold).
-/// The default timer never changes once built, so a copy never goes stale. Aligned to its
-/// size, so that it never straddles two cache lines.
+/// The default timer never changes once built, so a copy never goes stale.
 #[derive(Clone, Copy)]
-#[repr(align(32))]
 struct Local {
     engine: &'static Engine,
     /// The engine's clock's cycle offset ([`TickClock::cycle_offset`](crate::clock::TickClock::cycle_offset)).
@@ -175,19 +173,24 @@ impl Local {
     }
 }
 
-std::thread_local! {
-    static LOCAL: Cell<Option<Local>> = const { Cell::new(None) };
-}
+/// This thread's [`Local`], aligned to its size so that it never straddles two cache lines
+/// (the alignment is the thread-local's, not the copies': a copy on the stack needs none).
+#[repr(align(32))]
+struct LocalCopy(Cell<Option<Local>>);
 
 const _: () = {
-    assert!(size_of::<Option<Local>>() == 32);
+    assert!(size_of::<LocalCopy>() == 32);
 };
+
+std::thread_local! {
+    static LOCAL: LocalCopy = const { LocalCopy(Cell::new(None)) };
+}
 
 /// This thread's copy of the default timer (building the timer if it is not built).
 #[track_caller]
 #[inline(always)]
 fn local() -> Local {
-    match LOCAL.with(Cell::get) {
+    match LOCAL.with(|copy| copy.0.get()) {
         Some(local) => local,
         None => local_first(),
     }
@@ -205,7 +208,7 @@ fn local_first() -> Local {
         cycle_offset: engine.clock.cycle_offset(),
         keeps: timer.keeps_timers(),
     };
-    LOCAL.with(|copy| copy.set(Some(local)));
+    LOCAL.with(|copy| copy.0.set(Some(local)));
     local
 }
 
