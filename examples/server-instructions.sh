@@ -40,12 +40,19 @@
 # across three builds; with 8-way sets, by up to 20), but compare backends of one build: a
 # function that grows still moves its neighbours' lines by one or two each.
 #
+# With KEEP=DIR, each run's callgrind output is kept as DIR/TIMER-ROUND.callgrind and its request
+# count as DIR/TIMER-ROUND.requests: `callgrind_annotate --show=Ir,I1mr,D1mr,D1mw` of the output
+# gives each function's counts (divide by the requests), and the output has them per
+# instruction too (it is written with --dump-instr=yes).
+#
 # Environment: R (rounds, 2), S (seconds of load per run, 10), C (connections, 32), PORT (18090),
-# TIMERS ("none hyper-only tokio shardwheel"), CACHE (0, 1 or small). Needs valgrind, wrk and
-# objdump (each installed with apt-get if missing). Every process runs under `timeout`.
+# TIMERS ("none hyper-only tokio shardwheel"), CACHE (0, 1 or small), KEEP (unset). Needs
+# valgrind, wrk and objdump (each installed with apt-get if missing). Every process runs under
+# `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+KEEP=${KEEP:-}
 R=${R:-2}
 S=${S:-10}
 C=${C:-32}
@@ -122,6 +129,11 @@ echo
 for round in $(seq 1 "$R"); do
   for timer in $TIMERS; do
     read -r requests instructions locked i1 d1r d1w < <(run_one "$timer")
+    if [ -n "$KEEP" ]; then
+      mkdir -p "$KEEP"
+      cp "$work/out" "$KEEP/$timer-$round.callgrind"
+      echo "$requests" >"$KEEP/$timer-$round.requests"
+    fi
     per=$(awk -v i="$instructions" -v r="$requests" 'BEGIN {printf "%.0f", i / r}')
     locked_per=$(awk -v l="$locked" -v r="$requests" 'BEGIN {printf "%.2f", l / r}')
     printf '%-11s %-5s %10s %14s %14s %8s' "$timer" "$round" "$requests" "$instructions" "$per" \
