@@ -15,12 +15,12 @@
 //! thread exits.
 //!
 //! The timer of a thread's latest keeping drop is the *latest*, held apart from the table (on
-//! a cache line of its own: see `Latest`): a
-//! task that loops takes its timer over in the same poll that dropped it (a timeout ends, the
-//! next one begins), and then the table is not touched. The next keeping drop on the thread
-//! places the latest in the table, but only for a task that has been placed there before (its
-//! identity is *known* here): a task that makes one timeout and ends (a task per request)
-//! leaves only its identity, and its timer is cancelled then. So the tasks whose memory a kept
+//! a cache line of its own: see `Latest`): a task that loops takes its timer over in the same
+//! poll that dropped it (a timeout ends, the next one begins), and then the table is not
+//! touched. The next keeping drop on the thread places the latest in the table, but only for a
+//! task that has been placed there before (its identity is *known* here): a task that makes one
+//! timeout and ends (a task per request) leaves only its identity, and its timer is cancelled
+//! then. So the tasks whose memory a kept
 //! timer holds (through the waker its task holds) are tasks that loop over sleeps, at most
 //! [`MAX_PLACES`] per thread, each for at most its timer's delay, and the latest's task.
 //!
@@ -264,7 +264,7 @@ impl Latest {
 
 /// Empties the latest, leaving its identity (`identity`) known as the latest's.
 #[inline(always)]
-fn let_go_of_latest(identity: WakerIdentity) {
+fn empty_latest(identity: WakerIdentity) {
     LATEST.with(|line| {
         line.0.set(Latest {
             identity,
@@ -362,12 +362,12 @@ pub(super) fn take(engine: &'static Engine, identity: WakerIdentity, sleep: &mut
     {
         match kept.fits(engine, sleep) {
             Fit::Yes => {
-                let_go_of_latest(identity);
+                empty_latest(identity);
                 kept.arm(identity, sleep);
                 return true;
             }
             Fit::Gone => {
-                let_go_of_latest(identity);
+                empty_latest(identity);
                 drop(kept.into_kept());
             }
             Fit::No => {}
