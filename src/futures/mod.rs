@@ -462,6 +462,13 @@ impl Sleep {
         self.armed = false;
     }
 
+    /// Cancels the armed timer (if still pending) and lets go of it: unarmed.
+    fn cancel_timer(&mut self) {
+        self.count_resets();
+        self.timer.cancel_and_release(&self.engine);
+        self.armed = false;
+    }
+
     /// Counts the resets not yet counted (see `uncounted_resets`): before the armed timer
     /// goes, since they are counted on its shard.
     #[inline]
@@ -635,9 +642,7 @@ impl Sleep {
                 None
             }
             TimerState::Pending => {
-                self.count_resets();
-                timer.cancel_and_release(&self.engine);
-                self.armed = false;
+                self.cancel_timer();
                 self.elapsed = true;
                 Some(Poll::Ready(Ok(())))
             }
