@@ -514,6 +514,17 @@ pub(crate) fn cycle_deadline_after(offset: u64, delay: Duration) -> Option<Deadl
     nanos_after(now, delay).map(Deadline::Nanos)
 }
 
+/// [`TickClock::no_later_than`] where `deadline` and `than` have one form, without a call;
+/// false where their forms differ.
+#[inline(always)]
+pub(crate) fn same_form_no_later_than(deadline: Deadline, than: Deadline) -> bool {
+    match (deadline, than) {
+        (Deadline::Nanos(deadline), Deadline::Nanos(than)) => deadline <= than,
+        (Deadline::At(deadline), Deadline::At(than)) => deadline <= than,
+        _ => false,
+    }
+}
+
 /// `delay` after `now`, both in nanoseconds since an origin; `None` beyond a u64 of them.
 #[inline]
 fn nanos_after(now: u64, delay: Duration) -> Option<u64> {

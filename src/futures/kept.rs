@@ -50,7 +50,7 @@
 
 use super::{Sleep, TimerSlot, WakerIdentity};
 use crate::TimerState;
-use crate::clock::Deadline;
+use crate::clock::{Deadline, same_form_no_later_than};
 use crate::engine::Engine;
 use std::cell::{Cell, RefCell};
 use std::mem::ManuallyDrop;
@@ -96,6 +96,16 @@ impl RawKept {
             return Fit::Gone;
         }
         Fit::Yes
+    }
+
+    /// [`fits`](Self::fits)'s `Yes` where it is known in a few instructions: its engine's, due
+    /// no later than the sleep's deadline, both of one form (see [`same_form_no_later_than`]),
+    /// and surely pending (`TimerSlot::surely_pending`). False says nothing.
+    #[inline(always)]
+    fn surely_fits(&self, engine: &'static Engine, sleep: &Sleep) -> bool {
+        std::ptr::eq(self.engine, engine)
+            && same_form_no_later_than(self.due, sleep.deadline)
+            && self.timer.surely_pending(engine)
     }
 
     /// Arms `sleep` (unarmed) with it, for the task of `identity`.
@@ -239,7 +249,10 @@ impl Places {
 /// One cache line, in a thread-local of its own without a destructor, so that a take or a keep
 /// reads neither a registration state nor a borrow flag: a copy in and out of a `Cell` (no
 /// user code runs in between). The table's destructor lets go of its timer ([`Table`]), so a
-/// keep puts a timer here only while that destructor is registered and has not run.
+/// keep puts a timer here only while that destructor is registered and has not run. The
+/// identity is `FREE` unless a keep has registered that destructor and it has not run since
+/// (it sets [`Latest::NONE`]): a keep that finds an identity and no timer here
+/// ([`keep_as_latest`]) needs no look at the table.
 #[derive(Clone, Copy)]
 struct Latest {
     identity: WakerIdentity,
@@ -300,7 +313,10 @@ std::thread_local! {
 /// latest; the one it replaces there goes to the table if its identity is known here (see the
 /// module documentation), else its identity is noted and it is let go of. The sleep's drop ends
 /// there. If the table is gone (the thread exits), it is let go of at once.
-#[inline]
+///
+/// The case of a loop, whose previous timer was taken over (the latest is empty), is
+/// [`keep_as_latest`], in line in the sleep's drop; this function, out of line, is every case.
+#[inline(never)]
 pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
     let kept = RawKept::of(engine, sleep);
     // Registers the table's destructor, which lets go of the latest, unless it has run.
@@ -330,6 +346,25 @@ pub(super) fn keep(engine: &'static Engine, sleep: &Sleep) {
     }
 }
 
+/// [`keep`] where the latest is empty and has an identity: the timer of
+/// `sleep` becomes the latest, and nothing is placed. Whether it did; if not, [`keep`] does
+/// the rest. A few instructions, no call: the drop of a loop's sleep needs no stack frame.
+#[inline(always)]
+pub(super) fn keep_as_latest(engine: &'static Engine, sleep: &Sleep) -> bool {
+    LATEST.with(|line| {
+        let latest = line.0.get();
+        // An identity there says the table's destructor is registered (see `Latest`).
+        if latest.identity == FREE || latest.kept.is_some() {
+            return false;
+        }
+        line.0.set(Latest {
+            identity: sleep.waker,
+            kept: Some(RawKept::of(engine, sleep)),
+        });
+        true
+    })
+}
+
 /// Places `kept`, the timer of `identity`, in this thread's table (see [`Places::place`]). A
 /// timer let go of (also this one if the table is gone, or in use further up the stack) is
 /// dropped after the table's borrow ends: its drop may run user code, which may keep a timer.
@@ -354,7 +389,10 @@ fn place(identity: WakerIdentity, kept: Kept) {
 /// for `identity`, the latest or in its place, if there is one due at or before its deadline
 /// and still pending: taken out (a known identity stays known). One that is no longer pending
 /// is let go of. Whether it did.
-#[inline]
+///
+/// The case of a loop, the latest its task's and surely fitting ([`RawKept::surely_fits`]), is
+/// [`take_latest`], in line in the sleep's poll; this function, out of line, is every case.
+#[inline(never)]
 pub(super) fn take(engine: &'static Engine, identity: WakerIdentity, sleep: &mut Sleep) -> bool {
     let latest = LATEST.with(|line| line.0.get());
     if latest.identity == identity
@@ -374,6 +412,26 @@ pub(super) fn take(engine: &'static Engine, identity: WakerIdentity, sleep: &mut
         }
     }
     take_placed(engine, identity, sleep)
+}
+
+/// [`take`] where the latest is the task's and surely fits: takes it over. Whether it did; if
+/// not, [`take`] decides. A few instructions, no call: the poll that takes needs no stack frame.
+#[inline(always)]
+pub(super) fn take_latest(
+    engine: &'static Engine,
+    identity: WakerIdentity,
+    sleep: &mut Sleep,
+) -> bool {
+    let latest = LATEST.with(|line| line.0.get());
+    if latest.identity == identity
+        && let Some(kept) = latest.kept
+        && kept.surely_fits(engine, sleep)
+    {
+        empty_latest(identity);
+        kept.arm(identity, sleep);
+        return true;
+    }
+    false
 }
 
 /// [`take`] from the place of `identity`, if it is known.
@@ -674,6 +732,38 @@ mod tests {
         .expect("the thread");
         let stats = timer.stats();
         assert_eq!((stats.pending, stats.cancelled), (0, 2), "{stats:?}");
+    }
+
+    /// On the system clock a loop's take and keep are the in-line cases (`take_latest`,
+    /// `keep_as_latest`): one timer serves every sleep, and the thread's exit lets go of it,
+    /// also where the thread's first keep came before any take there (a sleep armed on another
+    /// thread: nothing had registered the table's destructor).
+    #[test]
+    fn a_loop_on_the_system_clock_keeps_one_timer_until_its_thread_exits() {
+        let timer: &'static Timer = Box::leak(Box::new(
+            Timer::builder()
+                .shards(1)
+                .executor(Executor::Inline)
+                .clock(Clock::system())
+                .build()
+                .expect("build timer"),
+        ));
+        let (_, waker) = task();
+        let mut armed_elsewhere = keeping(timer, ms(60_000));
+        assert!(poll(&mut armed_elsewhere, &waker).is_pending());
+        std::thread::spawn(move || {
+            drop(armed_elsewhere);
+            for _ in 0..5 {
+                arm_and_drop(timer, &waker, ms(60_000));
+            }
+            // (Not `kept_here`, which would register the table's destructor.)
+            let stats = timer.stats();
+            assert_eq!((stats.scheduled, stats.pending), (1, 1), "{stats:?}");
+        })
+        .join()
+        .expect("the thread");
+        let stats = timer.stats();
+        assert_eq!((stats.pending, stats.cancelled), (0, 1), "{stats:?}");
     }
 
     #[test]

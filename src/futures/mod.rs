@@ -442,9 +442,23 @@ impl Sleep {
     }
 
     /// The drop of an armed sleep: its timer kept for its task's next sleep (see [`kept`]), or
-    /// cancelled.
+    /// cancelled. The case of a loop, whose previous timer was taken over, is in line
+    /// ([`kept::keep_as_latest`]), without a stack frame; the others a call away.
     #[inline(never)]
     fn disarm(&mut self) {
+        if self.uncounted_resets == 0
+            && self.keep
+            && let Some(engine) = self.engine.as_forever()
+            && kept::keep_as_latest(engine, self)
+        {
+            return;
+        }
+        self.disarm_past_latest();
+    }
+
+    /// [`disarm`](Self::disarm) past its in-line case.
+    #[inline(never)]
+    fn disarm_past_latest(&mut self) {
         self.count_resets();
         if self.keep
             && let Some(engine) = self.engine.as_forever()
@@ -567,26 +581,26 @@ impl Sleep {
     }
 
     /// [`poll_sleep`](Self::poll_sleep) past its in-line cases. Its own case is the first poll
-    /// of a keeping sleep on the system clock that takes over its task's kept timer (hyper's
-    /// header-read sleep at each request, the timeout of a task that loops): a few lines of
-    /// code, the other cases a call away.
+    /// of a keeping sleep on the system clock that takes over its task's kept timer, the
+    /// thread's latest (hyper's header-read sleep at each request, the timeout of a task that
+    /// loops: [`kept::take_latest`]): a few lines of code and no stack frame, the other cases
+    /// a call away.
     #[inline(never)]
     fn poll_unsure(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ScheduleError>> {
-        let take_first = !self.armed && self.keep && !self.engine.clock.clock().is_manual();
-        if take_first && self.take_kept(cx.waker()) {
+        if !self.armed
+            && self.keep
+            && !self.engine.clock.clock().is_manual()
+            && let Some(engine) = self.engine.as_forever()
+            && kept::take_latest(engine, WakerIdentity::of(cx.waker()), self)
+        {
             return Poll::Pending;
         }
-        self.poll_past_take(cx, take_first)
+        self.poll_past_take(cx)
     }
 
-    /// [`poll_unsure`](Self::poll_unsure) past its own case; `tried`: that case tried (and
-    /// failed) to take a kept timer.
+    /// [`poll_unsure`](Self::poll_unsure) past its own case.
     #[inline(never)]
-    fn poll_past_take(
-        &mut self,
-        cx: &mut Context<'_>,
-        tried: bool,
-    ) -> Poll<Result<(), ScheduleError>> {
+    fn poll_past_take(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ScheduleError>> {
         if self.armed
             && let Some(done) = self.poll_armed(cx)
         {
@@ -596,7 +610,7 @@ impl Sleep {
         // timer's, which then fires at its shard's next turn (and is not pending at all if the
         // shard has seen its tick), as a timer armed now would. But a manual clock's shard turns
         // only in `advance`, which may never come: there a passed deadline completes first.
-        if !tried && self.keep && !self.passed_on_manual_clock() && self.take_kept(cx.waker()) {
+        if self.keep && !self.passed_on_manual_clock() && self.take_kept(cx.waker()) {
             return Poll::Pending;
         }
         // Lazy registration: the first poll that does not know the deadline passed schedules
