@@ -352,6 +352,15 @@ impl TickClock {
             .and_then(|offset| cycle_deadline_after(offset, delay))
     }
 
+    /// [`cycle_deadline`](Self::cycle_deadline) where the reading needs no refresh
+    /// ([`now_nanos_unless_refresh`](crate::cycle_clock::now_nanos_unless_refresh)): `None`
+    /// also where it would.
+    #[inline(always)]
+    pub(crate) fn cycle_deadline_unless_refresh(&self, delay: Duration) -> Option<Deadline> {
+        self.cycle_offset
+            .and_then(|offset| cycle_deadline_after_unless_refresh(offset, delay))
+    }
+
     /// [`deadline_after`](Self::deadline_after) where [`cycle_deadline_after`] gave none (no
     /// cycle clock, or a deadline beyond its nanoseconds): an instant.
     pub(crate) fn instant_after(&self, delay: Duration) -> Deadline {
@@ -510,8 +519,28 @@ impl TickClock {
 /// `None` if the cycle clock is not used, or the deadline is beyond its nanoseconds.
 #[inline(always)]
 pub(crate) fn cycle_deadline_after(offset: u64, delay: Duration) -> Option<Deadline> {
-    let now = crate::cycle_clock::now_nanos()?.saturating_sub(offset);
-    nanos_after(now, delay).map(Deadline::Nanos)
+    cycle_deadline_from(crate::cycle_clock::now_nanos()?, offset, delay)
+}
+
+/// [`cycle_deadline_after`] where the reading needs no refresh
+/// ([`now_nanos_unless_refresh`](crate::cycle_clock::now_nanos_unless_refresh)): `None` also
+/// where it would.
+#[inline(always)]
+pub(crate) fn cycle_deadline_after_unless_refresh(
+    offset: u64,
+    delay: Duration,
+) -> Option<Deadline> {
+    cycle_deadline_from(
+        crate::cycle_clock::now_nanos_unless_refresh()?,
+        offset,
+        delay,
+    )
+}
+
+/// [`cycle_deadline_after`] of the cycle clock's reading `now`.
+#[inline(always)]
+fn cycle_deadline_from(now: u64, offset: u64, delay: Duration) -> Option<Deadline> {
+    nanos_after(now.saturating_sub(offset), delay).map(Deadline::Nanos)
 }
 
 /// [`TickClock::no_later_than`] where `deadline` and `than` have one form, without a call;

@@ -115,6 +115,14 @@ pub(crate) fn now_nanos() -> Option<u64> {
     imp::now_nanos()
 }
 
+/// [`now_nanos`] where it needs no refresh: `None` also where it would refresh (read
+/// [`now_nanos`] then). For fast paths that do without a call (and so without a stack frame),
+/// with the full reading out of line.
+#[inline(always)]
+pub(crate) fn now_nanos_unless_refresh() -> Option<u64> {
+    imp::now_nanos_unless_refresh()
+}
+
 /// [`now_nanos`] as an instant: never before `Instant::now()` at the call (at most about
 /// [`MARGIN_NANOS`] after it), or `None` where this clock is not used. For `HyperTimer::now`.
 #[cfg(feature = "hyper")]
@@ -275,6 +283,11 @@ mod imp {
         THREAD.with(|thread| read(shared_for_refresh, thread, &Tsc))
     }
 
+    #[inline(always)]
+    pub(super) fn now_nanos_unless_refresh() -> Option<u64> {
+        THREAD.with(|thread| read_from_base(thread, &Tsc))
+    }
+
     /// [`shared`] for a refresh (out of line, so that a reading's fast path stays small).
     #[cold]
     #[inline(never)]
@@ -305,6 +318,15 @@ mod imp {
         thread: &Thread,
         counter: &impl Counter,
     ) -> Option<u64> {
+        match read_from_base(thread, counter) {
+            Some(nanos) => Some(nanos),
+            None => refresh(shared(), thread, counter),
+        }
+    }
+
+    /// [`read`] from `thread`'s base; `None` where it takes a refresh.
+    #[inline(always)]
+    pub(super) fn read_from_base(thread: &Thread, counter: &impl Counter) -> Option<u64> {
         let now = counter.read();
         let base = thread.base.get();
         let elapsed = now.wrapping_sub(base.counter);
@@ -314,7 +336,7 @@ mod imp {
             thread.last.set(now);
             return Some(base.nanos + scale_wide(elapsed, base.rate) as u64 + MARGIN_NANOS);
         }
-        refresh(shared(), thread, counter)
+        None
     }
 
     /// `counts` x `rate` (32.32 fixed point), in nanoseconds, rounded up (saturating).
@@ -769,6 +791,11 @@ mod imp {
 
     #[inline]
     pub(super) fn now_nanos() -> Option<u64> {
+        None
+    }
+
+    #[inline(always)]
+    pub(super) fn now_nanos_unless_refresh() -> Option<u64> {
         None
     }
 

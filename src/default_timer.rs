@@ -11,7 +11,7 @@
 //! sleeps keeps a copy of what they need of it (`Local`), so that making one reads no line of
 //! the timer's.
 
-use crate::clock::{Deadline, cycle_deadline_after};
+use crate::clock::{Deadline, cycle_deadline_after_unless_refresh};
 use crate::engine::Engine;
 use crate::engine::lease::Lease;
 use crate::error::{BuildError, DefaultTimerError};
@@ -140,16 +140,17 @@ struct Local {
 impl Local {
     /// The sleep of [`sleep`]: its deadline from the copied offset on the cycle clock (as
     /// [`TickClock::cycle_deadline`](crate::clock::TickClock::cycle_deadline), which says why
-    /// the other case is out of line), written whole (see `Sleep::whole`) if `WHOLE`.
+    /// the other case is out of line), written whole (see `Sleep::whole`) if `WHOLE`. In line
+    /// only where the reading needs no refresh: no call, so no stack frame in the caller.
     #[inline(always)]
     fn sleep_after<const WHOLE: bool>(self, delay: Duration) -> Sleep {
         match self
             .cycle_offset
-            .and_then(|offset| cycle_deadline_after(offset, delay))
+            .and_then(|offset| cycle_deadline_after_unless_refresh(offset, delay))
         {
             Some(deadline) if WHOLE => self.sleep_until(deadline, delay).whole(),
             Some(deadline) => self.sleep_until(deadline, delay),
-            None => self.sleep_at_instant_after(delay),
+            None => self.sleep_after_out_of_line(delay),
         }
     }
 
@@ -164,12 +165,12 @@ impl Local {
         )
     }
 
-    /// The sleep of [`sleep`] where the cycle clock gives no deadline: until the engine's
-    /// clock's instant `delay` from now.
+    /// The sleep of [`sleep`] where the reading in line gave no deadline: until the engine's
+    /// clock's deadline `delay` from now (on the cycle clock after a refresh, else an instant).
     #[cold]
     #[inline(never)]
-    fn sleep_at_instant_after(self, delay: Duration) -> Sleep {
-        self.sleep_until(self.engine.clock.instant_after(delay), delay)
+    fn sleep_after_out_of_line(self, delay: Duration) -> Sleep {
+        self.sleep_until(self.engine.clock.deadline_after(delay), delay)
     }
 }
 

@@ -11,7 +11,7 @@
 //! and never loses a wake-up; see the `sleep_*` models in `loom-tests/`.
 
 use crate::TimerState;
-use crate::clock::Deadline;
+use crate::clock::{Deadline, same_form_no_later_than};
 use crate::engine::Engine;
 use crate::engine::lease::Lease;
 use crate::engine::shared::ShardShared;
@@ -382,16 +382,14 @@ impl Sleep {
     /// `TickClock::cycle_deadline`).
     #[inline(always)]
     fn reset_to(&mut self, deadline: Deadline) {
-        self.elapsed = false;
-        if !self.armed {
-            self.deadline = deadline;
+        if self.reset_to_in_line(deadline) {
             return;
         }
+        // Armed: a deadline of the other form than the timer's, the count full, or earlier.
+        self.elapsed = false;
         let due = self.timer_due();
         self.deadline = deadline;
         if self.engine.clock.no_later_than(due, deadline) {
-            // Later than the timer, which stays: the poll after it fires schedules one for the
-            // new deadline (see "How it works").
             self.timer_due = Some(due);
             match self.uncounted_resets.checked_add(1) {
                 Some(uncounted) => self.uncounted_resets = uncounted,
@@ -400,6 +398,28 @@ impl Sleep {
         } else {
             self.move_timer_to_deadline();
         }
+    }
+
+    /// [`reset_to`](Self::reset_to)'s cases that need no call: an unarmed sleep, and a
+    /// deadline at or after the timer's, of its form ([`same_form_no_later_than`]), with room
+    /// in the count of resets. The timer then stays: the poll after it fires schedules one for
+    /// the new deadline (see "How it works"). Whether it reset; if not, nothing changed.
+    #[inline(always)]
+    fn reset_to_in_line(&mut self, deadline: Deadline) -> bool {
+        if self.armed {
+            let due = self.timer_due();
+            let Some(uncounted) = self.uncounted_resets.checked_add(1) else {
+                return false;
+            };
+            if !same_form_no_later_than(due, deadline) {
+                return false;
+            }
+            self.timer_due = Some(due);
+            self.uncounted_resets = uncounted;
+        }
+        self.elapsed = false;
+        self.deadline = deadline;
+        true
     }
 
     /// [`reset`](Self::reset) to `delay` from now, reading the clock as [`sleep`](crate::sleep)
@@ -421,18 +441,22 @@ impl Sleep {
     /// ```
     pub fn reset_after(self: Pin<&mut Self>, delay: Duration) {
         let this = self.get_mut();
-        // The deadline kept in registers (see `TickClock::cycle_deadline`).
-        match this.engine.clock.cycle_deadline(delay) {
-            Some(deadline) => this.reset_to(deadline),
-            None => this.reset_to_instant_after(delay),
+        // A timeout pushed back (a connection's idle timeout, after each request) in line,
+        // without a call, so without a stack frame: the reading of the clock that needs no
+        // refresh, then the reset that needs no call. Past it, the clock is read again, to a
+        // deadline no earlier.
+        if let Some(deadline) = this.engine.clock.cycle_deadline_unless_refresh(delay)
+            && this.reset_to_in_line(deadline)
+        {
+            return;
         }
+        this.reset_after_out_of_line(delay);
     }
 
-    /// [`reset_after`](Self::reset_after) where the cycle clock gives no deadline.
-    #[cold]
+    /// [`reset_after`](Self::reset_after) past its in-line case.
     #[inline(never)]
-    fn reset_to_instant_after(&mut self, delay: Duration) {
-        let deadline = self.engine.clock.instant_after(delay);
+    fn reset_after_out_of_line(&mut self, delay: Duration) {
+        let deadline = self.engine.clock.deadline_after(delay);
         self.reset_to(deadline);
     }
 
