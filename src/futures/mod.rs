@@ -9,6 +9,12 @@
 //! A `Sleep` is a timer whose task only wakes a `Waker`: it runs inline on the shard thread, not
 //! through the executor. [`Sleep`]'s documentation says how it keeps the latest poll's waker
 //! and never loses a wake-up; see the `sleep_*` models in `loom-tests/`.
+//!
+//! The calls a server makes at each request (a sleep's reset after a delay, the poll that takes
+//! its task's kept timer, the drop that keeps it) are `#[inline]`, not because they are small:
+//! so that the crate that calls them compiles a copy of its own and calls it directly. A call
+//! into this crate's compiled code goes through the global offset table, one more data line,
+//! which a request finds cold.
 
 use crate::TimerState;
 use crate::clock::{Deadline, same_form_no_later_than};
@@ -439,6 +445,8 @@ impl Sleep {
     /// # Ok(())
     /// # }
     /// ```
+    // In line: see the module.
+    #[inline]
     pub fn reset_after(self: Pin<&mut Self>, delay: Duration) {
         let this = self.get_mut();
         // A timeout pushed back (a connection's idle timeout, after each request) in line,
@@ -467,8 +475,9 @@ impl Sleep {
 
     /// The drop of an armed sleep: its timer kept for its task's next sleep (see [`kept`]), or
     /// cancelled. The case of a loop, whose previous timer was taken over, is in line
-    /// ([`kept::keep_as_latest`]), without a stack frame; the others a call away.
-    #[inline(never)]
+    /// ([`kept::keep_as_latest`]), without a stack frame; the others a call away. (In line: see
+    /// the module.)
+    #[inline]
     fn disarm(&mut self) {
         if self.uncounted_resets == 0
             && self.keep
@@ -608,8 +617,8 @@ impl Sleep {
     /// of a keeping sleep on the system clock that takes over its task's kept timer, the
     /// thread's latest (hyper's header-read sleep at each request, the timeout of a task that
     /// loops: [`kept::take_latest`]): a few lines of code and no stack frame, the other cases
-    /// a call away.
-    #[inline(never)]
+    /// a call away. (In line: see the module.)
+    #[inline]
     fn poll_unsure(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ScheduleError>> {
         if !self.armed
             && self.keep
