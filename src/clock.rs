@@ -372,8 +372,8 @@ impl TickClock {
     }
 
     /// Its cycle offset (see the field): `Some` for the system clock. The default timer copies
-    /// it to each thread, with [`cycle_deadline_after`], so that its sleeps read the time
-    /// without reading the timer.
+    /// it to each thread, with [`cycle_deadline_after_unless_refresh`], so that its sleeps read
+    /// the time without reading the timer.
     pub(crate) fn cycle_offset(&self) -> Option<u64> {
         self.cycle_offset
     }
