@@ -394,14 +394,10 @@ fn place(identity: WakerIdentity, kept: Kept) {
 /// [`take_latest`], in line in the sleep's poll; this function, out of line, is every case.
 #[inline(never)]
 pub(super) fn take(engine: &'static Engine, identity: WakerIdentity, sleep: &mut Sleep) -> bool {
-    let latest = LATEST.with(|line| line.0.get());
-    if latest.identity == identity
-        && let Some(kept) = latest.kept
-    {
+    if let Some(kept) = latest_of(identity) {
         match kept.fits(engine, sleep) {
             Fit::Yes => {
-                empty_latest(identity);
-                kept.arm(identity, sleep);
+                take_over_latest(kept, identity, sleep);
                 return true;
             }
             Fit::Gone => {
@@ -422,16 +418,32 @@ pub(super) fn take_latest(
     identity: WakerIdentity,
     sleep: &mut Sleep,
 ) -> bool {
-    let latest = LATEST.with(|line| line.0.get());
-    if latest.identity == identity
-        && let Some(kept) = latest.kept
+    if let Some(kept) = latest_of(identity)
         && kept.surely_fits(engine, sleep)
     {
-        empty_latest(identity);
-        kept.arm(identity, sleep);
+        take_over_latest(kept, identity, sleep);
         return true;
     }
     false
+}
+
+/// The latest kept timer, if it is the one of `identity`.
+#[inline(always)]
+fn latest_of(identity: WakerIdentity) -> Option<RawKept> {
+    let latest = LATEST.with(|line| line.0.get());
+    if latest.identity == identity {
+        latest.kept
+    } else {
+        None
+    }
+}
+
+/// Arms `sleep` with `kept`, the latest, for `identity`'s task: the latest is emptied, its
+/// identity stays.
+#[inline(always)]
+fn take_over_latest(kept: RawKept, identity: WakerIdentity, sleep: &mut Sleep) {
+    empty_latest(identity);
+    kept.arm(identity, sleep);
 }
 
 /// [`take`] from the place of `identity`, if it is known.
