@@ -89,7 +89,7 @@ pub fn set_default_timer(builder: Builder) -> Result<&'static Timer, DefaultTime
 /// The default timer for the free functions; panics (with the reason) if it cannot be built.
 #[track_caller]
 #[inline]
-fn default() -> &'static Timer {
+pub(crate) fn default() -> &'static Timer {
     match DEFAULT.get() {
         Some(timer) => timer,
         None => build_default(),

@@ -1,6 +1,9 @@
 //! [`HyperTimer`]: hyper 1.x's timer (`hyper::rt::Timer`) on a shardwheel [`Timer`] (feature
 //! `hyper`).
 
+use crate::clock::Deadline;
+use crate::engine::Engine;
+use crate::engine::lease::Lease;
 use crate::futures::Sleep;
 use crate::timer::Timer;
 use std::pin::Pin;
@@ -35,16 +38,19 @@ pub struct HyperTimer {
 /// The timer a [`HyperTimer`] schedules on, and whether that timer runs on the system clock
 /// (`system_clock`, decided once): [`now`](hyper::rt::Timer::now) then reads the clock without
 /// following the timer to it (lines a server's worker has rarely read since the last request).
-/// The flag sits in the variants, so that a `HyperTimer` is 16 bytes: hyper keeps it in an
+/// The flags sit in the variants, so that a `HyperTimer` is 16 bytes: hyper keeps it in an
 /// `Arc`, whose allocation then holds both in one cache line, which `now` and the sleep that
 /// follows it read at each request.
 #[derive(Clone, Debug)]
 enum Which {
-    /// The process-wide default timer, which is never dropped: its sleeps refer to its engine
-    /// by a plain reference (no reference count bumped on every sleep, on a cache line every
-    /// worker thread would share).
+    /// The process-wide default timer, which is never dropped, by what its sleeps need of it:
+    /// they refer to its engine by a plain reference (no reference count bumped on every sleep,
+    /// on a cache line every worker thread would share), and keep their timers if it does
+    /// ([`Timer::keeps_timers`]). Making one then reads no line but the `HyperTimer`'s (the
+    /// default timer's own free functions read their thread's copy of the same).
     Default {
-        timer: &'static Timer,
+        engine: &'static Engine,
+        keeps: bool,
         system_clock: bool,
     },
     /// Any other timer.
@@ -70,7 +76,8 @@ impl HyperTimer {
     /// The timer it schedules on.
     pub fn timer(&self) -> &Timer {
         match &self.timer {
-            Which::Default { timer, .. } => timer,
+            // A `Which::Default` is made from the built default timer, which stays.
+            Which::Default { .. } => crate::default_timer::default(),
             Which::Given { timer, .. } => timer,
         }
     }
@@ -93,7 +100,8 @@ impl Default for HyperTimer {
         match crate::default_timer() {
             Ok(timer) => HyperTimer {
                 timer: Which::Default {
-                    timer,
+                    engine: timer.static_engine(),
+                    keeps: timer.keeps_timers(),
                     system_clock: !timer.clock().is_manual(),
                 },
             },
@@ -112,10 +120,14 @@ impl hyper::rt::Timer for HyperTimer {
         })
     }
 
+    /// On the default timer, the sleep of `sleep_until` (`crate::sleep_until`), made from what
+    /// the `HyperTimer` holds.
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
-        Box::pin(match &self.timer {
-            Which::Default { .. } => crate::sleep_until(deadline),
-            Which::Given { timer, .. } => timer.sleep_until(deadline),
+        Box::pin(match self.timer {
+            Which::Default { engine, keeps, .. } => {
+                Sleep::with(Lease::forever(engine), Deadline::At(deadline), false, keeps)
+            }
+            Which::Given { ref timer, .. } => timer.sleep_until(deadline),
         })
     }
 

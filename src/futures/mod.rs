@@ -748,6 +748,8 @@ impl Future for Sleep {
 
     /// Completes once the deadline has passed. Panics if the engine cannot keep a timer for
     /// this sleep: see [`Sleep`].
+    // In line: see the module.
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         match self.poll_sleep(cx) {
             Poll::Ready(Ok(())) => Poll::Ready(()),
