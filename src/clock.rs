@@ -222,14 +222,18 @@ pub(crate) struct TickClock {
     /// [`tick_after`](Self::tick_after) can read the cheap cycle clock.
     cycle_offset: Option<u64>,
     /// What every clone shares (the engine's and its shards'), on a line of its own.
-    passed: std::sync::Arc<crossbeam_utils::CachePadded<Passed>>,
+    line: std::sync::Arc<crossbeam_utils::CachePadded<ClockLine>>,
 }
 
-/// How far the shards of one engine got, as far as a `Sleep` needs to know that its timer has
-/// not fired without reading its slot (`futures::TimerSlot::surely_pending`). Both fields only
-/// grow.
-#[derive(Debug, Default)]
-struct Passed {
+/// The line of a [`TickClock`] that every clone shares, and all that a `Sleep`'s calls at each
+/// request read of its engine: how far the engine's shards got, as far as a sleep needs to
+/// know that its timer has not fired without reading its slot
+/// (`futures::TimerSlot::surely_pending`), and copies of the clock's kind and cycle offset,
+/// which never change. A sleep on an engine that is never dropped holds a reference to it
+/// (`engine::lease::Lease`), so that its poll, its reset after a delay and its take of a kept
+/// timer read this line, not the engine's as well. The two progress fields only grow.
+#[derive(Debug)]
+pub(crate) struct ClockLine {
     /// The latest tick [`now_tick`](TickClock::now_tick) read (by any clone: shards read it at
     /// every turn), a tick known to have passed: see
     /// [`tick_unless_passed`](TickClock::tick_unless_passed).
@@ -240,6 +244,41 @@ struct Passed {
     /// nothing itself: the sweep wakes the sleeps' tasks after it, so a poll that follows such
     /// a wake-up sees it set. Plain `std` under loom for that reason.
     swept: crate::sync::statistics::AtomicBool,
+    /// Whether the clock is manual (a copy of the clock's kind).
+    manual: bool,
+    /// A copy of [`TickClock::cycle_offset`].
+    cycle_offset: Option<u64>,
+}
+
+impl ClockLine {
+    /// [`TickClock::not_reached`].
+    #[inline]
+    pub(crate) fn not_reached(&self, tick: u64) -> bool {
+        tick > self.tick.load(Ordering::Relaxed)
+    }
+
+    /// [`not_reached`](Self::not_reached), and no shard of the engine has swept its timers
+    /// ([`TickClock::note_sweep`]): a timer due at `tick` is still pending unless its own
+    /// sleep (or its thread's kept timers) cancelled it. One line read for both.
+    #[inline]
+    pub(crate) fn neither_reached_nor_swept(&self, tick: u64) -> bool {
+        self.not_reached(tick) && !self.swept.load(Ordering::Relaxed)
+    }
+
+    /// Whether the clock is manual ([`Clock::is_manual`]).
+    #[inline]
+    pub(crate) fn is_manual(&self) -> bool {
+        self.manual
+    }
+
+    /// [`TickClock::cycle_deadline`] where the reading needs no refresh
+    /// ([`now_nanos_unless_refresh`](crate::cycle_clock::now_nanos_unless_refresh)): `None`
+    /// also where it would.
+    #[inline(always)]
+    pub(crate) fn cycle_deadline_unless_refresh(&self, delay: Duration) -> Option<Deadline> {
+        self.cycle_offset
+            .and_then(|offset| cycle_deadline_after_unless_refresh(offset, delay))
+    }
 }
 
 impl TickClock {
@@ -248,7 +287,8 @@ impl TickClock {
         // The cycle clock's origin is taken first, so it is never after `origin`.
         let cycle_origin = crate::cycle_clock::origin();
         let origin = clock.now();
-        let cycle_offset = (!clock.is_manual()).then(|| {
+        let manual = clock.is_manual();
+        let cycle_offset = (!manual).then(|| {
             u64::try_from(origin.saturating_duration_since(cycle_origin).as_nanos())
                 .unwrap_or(u64::MAX)
         });
@@ -258,7 +298,12 @@ impl TickClock {
             tick_nanos,
             divisor: TickDivisor::new(tick_nanos),
             cycle_offset,
-            passed: Default::default(),
+            line: std::sync::Arc::new(crossbeam_utils::CachePadded::new(ClockLine {
+                tick: Default::default(),
+                swept: Default::default(),
+                manual,
+                cycle_offset,
+            })),
         }
     }
 
@@ -288,7 +333,7 @@ impl TickClock {
     pub(crate) fn now_tick(&self) -> u64 {
         let tick = self.divisor.div_rem(self.now_nanos()).0;
         // The latest of all readings: another shard's older one must not hide it.
-        self.passed.tick.fetch_max(tick, Ordering::Relaxed);
+        self.line.tick.fetch_max(tick, Ordering::Relaxed);
         tick
     }
 
@@ -314,20 +359,18 @@ impl TickClock {
     /// can tell. Reads no clock.
     #[inline]
     pub(crate) fn not_reached(&self, tick: u64) -> bool {
-        tick > self.passed.tick.load(Ordering::Relaxed)
+        self.line.not_reached(tick)
     }
 
-    /// [`not_reached`](Self::not_reached), and no shard of the engine has swept its timers
-    /// ([`note_sweep`](Self::note_sweep)): a timer due at `tick` is still pending unless its
-    /// own sleep (or its thread's kept timers) cancelled it. One line read for both.
+    /// Its shared line ([`ClockLine`]).
     #[inline]
-    pub(crate) fn neither_reached_nor_swept(&self, tick: u64) -> bool {
-        self.not_reached(tick) && !self.passed.swept.load(Ordering::Relaxed)
+    pub(crate) fn line(&self) -> &ClockLine {
+        &self.line
     }
 
-    /// Notes that a shard is about to cancel timers from outside their owners (see `Passed`).
+    /// Notes that a shard is about to cancel timers from outside their owners (see [`ClockLine`]'s `swept`).
     pub(crate) fn note_sweep(&self) {
-        self.passed.swept.store(true, Ordering::Relaxed);
+        self.line.swept.store(true, Ordering::Relaxed);
     }
 
     /// The deadline `delay` from now: on the cycle clock (see [`tick_after`](Self::tick_after))
@@ -350,15 +393,6 @@ impl TickClock {
     pub(crate) fn cycle_deadline(&self, delay: Duration) -> Option<Deadline> {
         self.cycle_offset
             .and_then(|offset| cycle_deadline_after(offset, delay))
-    }
-
-    /// [`cycle_deadline`](Self::cycle_deadline) where the reading needs no refresh
-    /// ([`now_nanos_unless_refresh`](crate::cycle_clock::now_nanos_unless_refresh)): `None`
-    /// also where it would.
-    #[inline(always)]
-    pub(crate) fn cycle_deadline_unless_refresh(&self, delay: Duration) -> Option<Deadline> {
-        self.cycle_offset
-            .and_then(|offset| cycle_deadline_after_unless_refresh(offset, delay))
     }
 
     /// [`deadline_after`](Self::deadline_after) where [`cycle_deadline_after`] gave none (no

@@ -13,7 +13,7 @@
 
 use crate::clock::{Deadline, cycle_deadline_after_unless_refresh};
 use crate::engine::Engine;
-use crate::engine::lease::Lease;
+use crate::engine::lease::{Forever, Lease};
 use crate::error::{BuildError, DefaultTimerError};
 use crate::futures::{Interval, LARGE_FUTURE, Sleep, Timeout};
 use crate::sync::process::{Mutex, OnceLock};
@@ -130,7 +130,8 @@ pub fn sleep(delay: Duration) -> Sleep {
 /// The default timer never changes once built, so a copy never goes stale.
 #[derive(Clone, Copy)]
 struct Local {
-    engine: &'static Engine,
+    /// The engine and its clock's line.
+    engine: Forever<Engine>,
     /// The engine's clock's cycle offset ([`TickClock::cycle_offset`](crate::clock::TickClock::cycle_offset)).
     cycle_offset: Option<u64>,
     /// [`Timer::keeps_timers`].
@@ -170,17 +171,17 @@ impl Local {
     #[cold]
     #[inline(never)]
     fn sleep_after_out_of_line(self, delay: Duration) -> Sleep {
-        self.sleep_until(self.engine.clock.deadline_after(delay), delay)
+        self.sleep_until(self.engine.value().clock.deadline_after(delay), delay)
     }
 }
 
 /// This thread's [`Local`], aligned to its size so that it never straddles two cache lines
 /// (the alignment is the thread-local's, not the copies': a copy on the stack needs none).
-#[repr(align(32))]
+#[repr(align(64))]
 struct LocalCopy(Cell<Option<Local>>);
 
 const _: () = {
-    assert!(size_of::<LocalCopy>() == 32);
+    assert!(size_of::<LocalCopy>() == 64);
 };
 
 std::thread_local! {
@@ -205,7 +206,7 @@ fn local_first() -> Local {
     let timer = default();
     let engine = timer.static_engine();
     let local = Local {
-        engine,
+        engine: Forever::new(engine),
         cycle_offset: engine.clock.cycle_offset(),
         keeps: timer.keeps_timers(),
     };

@@ -3,7 +3,7 @@
 
 use crate::clock::Deadline;
 use crate::engine::Engine;
-use crate::engine::lease::Lease;
+use crate::engine::lease::{Forever, Lease};
 use crate::futures::Sleep;
 use crate::timer::Timer;
 use std::pin::Pin;
@@ -38,18 +38,19 @@ pub struct HyperTimer {
 /// The timer a [`HyperTimer`] schedules on, and whether that timer runs on the system clock
 /// (`system_clock`, decided once): [`now`](hyper::rt::Timer::now) then reads the clock without
 /// following the timer to it (lines a server's worker has rarely read since the last request).
-/// The flags sit in the variants, so that a `HyperTimer` is 16 bytes: hyper keeps it in an
-/// `Arc`, whose allocation then holds both in one cache line, which `now` and the sleep that
-/// follows it read at each request.
+/// The flags sit in the variants, so that a `HyperTimer` is 24 bytes: hyper keeps it in an
+/// `Arc`, whose allocation (40 bytes) then holds both in a cache line or two, which `now` and
+/// the sleep that follows it read at each request.
 #[derive(Clone, Debug)]
 enum Which {
     /// The process-wide default timer, which is never dropped, by what its sleeps need of it:
-    /// they refer to its engine by a plain reference (no reference count bumped on every sleep,
-    /// on a cache line every worker thread would share), and keep their timers if it does
-    /// ([`Timer::keeps_timers`]). Making one then reads no line but the `HyperTimer`'s (the
-    /// default timer's own free functions read their thread's copy of the same).
+    /// they refer to its engine and its clock's line by plain references (no reference count
+    /// bumped on every sleep, on a cache line every worker thread would share), and keep their
+    /// timers if it does ([`Timer::keeps_timers`]). Making one then reads no line but the
+    /// `HyperTimer`'s (the default timer's own free functions read their thread's copy of the
+    /// same).
     Default {
-        engine: &'static Engine,
+        engine: Forever<Engine>,
         keeps: bool,
         system_clock: bool,
     },
@@ -58,7 +59,7 @@ enum Which {
 }
 
 const _: () = {
-    assert!(size_of::<HyperTimer>() == 16);
+    assert!(size_of::<HyperTimer>() == 24);
 };
 
 impl HyperTimer {
@@ -100,7 +101,7 @@ impl Default for HyperTimer {
         match crate::default_timer() {
             Ok(timer) => HyperTimer {
                 timer: Which::Default {
-                    engine: timer.static_engine(),
+                    engine: Forever::new(timer.static_engine()),
                     keeps: timer.keeps_timers(),
                     system_clock: !timer.clock().is_manual(),
                 },

@@ -4,7 +4,7 @@ use crate::TimerHandle;
 use crate::clock::{Clock, Deadline, Driven};
 use crate::engine::executor::Executor;
 use crate::engine::handoff::UnfiredTimer;
-use crate::engine::lease::{Lease, Owner};
+use crate::engine::lease::{Forever, Lease, Owner};
 use crate::engine::{Engine, Settings};
 use crate::error::{BuildError, ScheduleError};
 use crate::futures::{EngineRef, Interval, Sleep, Timeout};
@@ -262,7 +262,7 @@ impl Timer {
     /// How the sleeps of a timer that is never dropped (the default timer) refer to its engine:
     /// by a plain reference, which costs no reference count per sleep.
     pub(crate) fn static_engine_ref(&'static self) -> EngineRef {
-        Lease::forever(self.static_engine())
+        Lease::forever(Forever::new(self.static_engine()))
     }
 
     /// The engine of a timer that is never dropped (the default timer).

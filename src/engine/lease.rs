@@ -63,8 +63,15 @@ const CLOSED: usize = 1 << (usize::BITS - 1);
 
 /// Anything whose memory [`Lease`]s can keep alive: it carries their [`Leases`].
 pub(crate) trait Leasable {
+    /// What a lease on a value that is never dropped holds besides the value: a part of it
+    /// (on a line of its own) that the lease's holder reads without reading the value.
+    type Line: 'static;
+
     /// The leases' counts.
     fn leases(&self) -> &Leases;
+
+    /// Its [`Line`](Self::Line).
+    fn line(&self) -> &Self::Line;
 }
 
 /// The striped lease counts of one engine (see the [module](self)).
@@ -219,17 +226,57 @@ impl<T: Leasable + 'static> Drop for Owner<T> {
 }
 
 /// Keeps a leased value's memory alive until dropped, like an `Arc` clone, counted on its
-/// thread's stripe of the [`Leases`] (see the [module](self)); or a plain reference to a value
-/// that is never dropped ([`forever`](Self::forever)). Two words either way.
+/// thread's stripe of the [`Leases`] (see the [module](self)); or plain references to a value
+/// that is never dropped and to its [`Line`](Leasable::Line) ([`forever`](Self::forever)). Two
+/// words either way.
 ///
-/// An enum of two references, as the reference it replaced in [`Sleep`](crate::Sleep) was:
-/// with a struct of the same size in its place, the compiler copied a `Timeout` once more on
-/// its way into an `.await` (`callgrind` counted two `memcpy` calls per timeout instead of one).
+/// An enum of references, as the reference it replaced in [`Sleep`](crate::Sleep) was: with a
+/// struct of the same size in its place, the compiler copied a `Timeout` once more on its way
+/// into an `.await` (`callgrind` counted two `memcpy` calls per timeout instead of one).
 pub(crate) enum Lease<T: Leasable + 'static> {
     /// Counted: the pointer is valid while this lease lives.
     Counted(NonNull<T>),
-    /// On a value that is never dropped: counts nothing.
-    Forever(&'static T),
+    /// On a value that is never dropped, and its line: counts nothing.
+    Forever(Forever<T>),
+}
+
+/// A value that is never dropped and its [`Line`](Leasable::Line), read once: what a
+/// [`Lease::forever`] holds. Copied by whoever makes such leases often (the default timer's
+/// sleeps), so that making one reads neither.
+pub(crate) struct Forever<T: Leasable + 'static> {
+    value: &'static T,
+    line: &'static T::Line,
+}
+
+impl<T: Leasable + 'static> Forever<T> {
+    /// `value`'s.
+    #[inline]
+    pub(crate) fn new(value: &'static T) -> Forever<T> {
+        Forever {
+            value,
+            line: value.line(),
+        }
+    }
+
+    /// The value.
+    #[inline]
+    pub(crate) fn value(self) -> &'static T {
+        self.value
+    }
+}
+
+impl<T: Leasable + 'static> Clone for Forever<T> {
+    fn clone(&self) -> Forever<T> {
+        *self
+    }
+}
+
+impl<T: Leasable + 'static> Copy for Forever<T> {}
+
+impl<T: Leasable + 'static> std::fmt::Debug for Forever<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Forever").finish_non_exhaustive()
+    }
 }
 
 // SAFETY: a lease is a shared reference to a `T` that it keeps alive, as an `Arc<T>` is.
@@ -245,22 +292,34 @@ impl<T: Leasable + 'static> Deref for Lease<T> {
         match self {
             // SAFETY: this lease's count keeps the value alive (see the module).
             Lease::Counted(value) => unsafe { value.as_ref() },
-            Lease::Forever(value) => value,
+            Lease::Forever(forever) => forever.value,
         }
     }
 }
 
 impl<T: Leasable + 'static> Lease<T> {
     /// A lease on a value that is never dropped: it counts nothing.
-    pub(crate) fn forever(value: &'static T) -> Lease<T> {
-        Lease::Forever(value)
+    #[inline]
+    pub(crate) fn forever(forever: Forever<T>) -> Lease<T> {
+        Lease::Forever(forever)
     }
 
     /// The value, if this lease is on one that is never dropped ([`forever`](Self::forever)).
+    #[inline]
     pub(crate) fn as_forever(&self) -> Option<&'static T> {
         match self {
-            Lease::Forever(value) => Some(value),
+            Lease::Forever(forever) => Some(forever.value),
             Lease::Counted(_) => None,
+        }
+    }
+
+    /// The value's [`Line`](Leasable::Line): on a value that is never dropped, without reading
+    /// the value.
+    #[inline]
+    pub(crate) fn line(&self) -> &T::Line {
+        match self {
+            Lease::Forever(forever) => forever.line,
+            Lease::Counted(_) => (**self).line(),
         }
     }
 
@@ -304,7 +363,13 @@ mod tests {
     }
 
     impl Leasable for Probe {
+        type Line = Leases;
+
         fn leases(&self) -> &Leases {
+            &self.leases
+        }
+
+        fn line(&self) -> &Leases {
             &self.leases
         }
     }

@@ -100,12 +100,13 @@ impl RawKept {
 
     /// [`fits`](Self::fits)'s `Yes` where it is known in a few instructions: its engine's, due
     /// no later than the sleep's deadline, both of one form (see [`same_form_no_later_than`]),
-    /// and surely pending (`TimerSlot::surely_pending`). False says nothing.
+    /// and surely pending (`TimerSlot::surely_pending`, on the line the sleep holds: the
+    /// engine is not read). False says nothing.
     #[inline(always)]
     fn surely_fits(&self, engine: &'static Engine, sleep: &Sleep) -> bool {
         std::ptr::eq(self.engine, engine)
             && same_form_no_later_than(self.due, sleep.deadline)
-            && self.timer.surely_pending(engine)
+            && self.timer.surely_pending(sleep.engine.line())
     }
 
     /// Arms `sleep` (unarmed) with it, for the task of `identity`.

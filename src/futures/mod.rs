@@ -17,7 +17,7 @@
 //! which a request finds cold.
 
 use crate::TimerState;
-use crate::clock::{Deadline, same_form_no_later_than};
+use crate::clock::{ClockLine, Deadline, same_form_no_later_than};
 use crate::engine::Engine;
 use crate::engine::lease::Lease;
 use crate::engine::shared::ShardShared;
@@ -87,21 +87,20 @@ impl TimerSlot {
     /// cold): no shard has reached its tick, so it has not fired, and no shard of the engine
     /// has swept its timers, the only cancel not made by the timer's own sleep (or its
     /// thread's kept timers); both read on one line
-    /// ([`TickClock::neither_reached_nor_swept`]). Either may have happened unseen just
-    /// before: then its wake-up of this task comes after this poll, which polls again. `false`
-    /// says nothing: read the slot.
-    ///
-    /// [`TickClock::neither_reached_nor_swept`]: crate::clock::TickClock::neither_reached_nor_swept
+    /// ([`ClockLine::neither_reached_nor_swept`], on the engine's clock's line, which a sleep
+    /// on the default timer reads without reading the engine: see `EngineRef::line`). Either
+    /// may have happened unseen just before: then its wake-up of this task comes after this
+    /// poll, which polls again. `false` says nothing: read the slot.
     #[inline(always)]
-    fn surely_pending(self, engine: &Engine) -> bool {
-        engine.clock.neither_reached_nor_swept(self.tick)
+    fn surely_pending(self, line: &ClockLine) -> bool {
+        line.neither_reached_nor_swept(self.tick)
     }
 
     /// The timer's state: pending if [`surely_pending`](Self::surely_pending) says so, else
     /// as its slot has it.
     #[inline]
     fn known_state(self, engine: &Engine) -> TimerState {
-        if self.surely_pending(engine) {
+        if self.surely_pending(engine.clock.line()) {
             TimerState::Pending
         } else {
             self.state(engine)
@@ -453,7 +452,7 @@ impl Sleep {
         // without a call, so without a stack frame: the reading of the clock that needs no
         // refresh, then the reset that needs no call. Past it, the clock is read again, to a
         // deadline no earlier.
-        if let Some(deadline) = this.engine.clock.cycle_deadline_unless_refresh(delay)
+        if let Some(deadline) = this.engine.line().cycle_deadline_unless_refresh(delay)
             && this.reset_to_in_line(deadline)
         {
             return;
@@ -604,9 +603,9 @@ impl Sleep {
         // first case (its timer known pending, so the identities compare live wakers: see
         // `WakerIdentity`), without its call.
         if this.armed
-            && this.timer.surely_pending(&this.engine)
+            && this.timer.surely_pending(this.engine.line())
             && this.waker == WakerIdentity::of(cx.waker())
-            && !this.engine.clock.clock().is_manual()
+            && !this.engine.line().is_manual()
         {
             return Poll::Pending;
         }
@@ -622,7 +621,7 @@ impl Sleep {
     fn poll_unsure(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ScheduleError>> {
         if !self.armed
             && self.keep
-            && !self.engine.clock.clock().is_manual()
+            && !self.engine.line().is_manual()
             && let Some(engine) = self.engine.as_forever()
             && kept::take_latest(engine, WakerIdentity::of(cx.waker()), self)
         {
