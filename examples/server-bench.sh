@@ -17,7 +17,9 @@
 #
 # Environment: R (rounds, 3), S (seconds per run, 10), C (connections, 256), PORT (18080),
 # TIMERS ("none tokio shardwheel"; the floors hyper-only and hyper-boxed may be added: see
-# examples/server.rs), MODES ("1 2"). Needs wrk (installed with apt-get if missing),
+# examples/server.rs), MODES ("1 2"), KEEP (a file to copy the runs' lines to, one per run:
+# mode timer round requests_per_s cpu_us_per_request server_busy wrk_busy user_us_per_request
+# system_us_per_request). Needs wrk (installed with apt-get if missing),
 # taskset (util-linux) and two CPUs for mode 1. Every process runs under `timeout`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,6 +30,7 @@ C=${C:-256}
 PORT=${PORT:-18080}
 TIMERS=${TIMERS:-none tokio shardwheel}
 MODES=${MODES:-1 2}
+KEEP=${KEEP:-}
 
 . examples/need-tool.sh
 need_tool wrk
@@ -147,4 +150,5 @@ for mode in $MODES; do
   fi
 done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+[ -z "$KEEP" ] || cp "$results" "$KEEP"
 awk '$1 == 1 && $6 < 0.9 {n++} END {if (n) printf "note: %d run(s) at 1 core had the server busy < 0.90: another process took CPU, or wrk set the pace\n", n}' "$results"
