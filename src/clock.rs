@@ -368,7 +368,8 @@ impl TickClock {
         &self.line
     }
 
-    /// Notes that a shard is about to cancel timers from outside their owners (see [`ClockLine`]'s `swept`).
+    /// Notes that a shard is about to cancel timers from outside their owners (see
+    /// [`ClockLine`]'s `swept`).
     pub(crate) fn note_sweep(&self) {
         self.line.swept.store(true, Ordering::Relaxed);
     }

@@ -88,7 +88,7 @@ impl TimerSlot {
     /// has swept its timers, the only cancel not made by the timer's own sleep (or its
     /// thread's kept timers); both read on one line
     /// ([`ClockLine::neither_reached_nor_swept`], on the engine's clock's line, which a sleep
-    /// on the default timer reads without reading the engine: see `EngineRef::line`). Either
+    /// on the default timer reads without reading the engine: see `Lease::line`). Either
     /// may have happened unseen just before: then its wake-up of this task comes after this
     /// poll, which polls again. `false` says nothing: read the slot.
     #[inline(always)]
@@ -717,19 +717,15 @@ impl Sleep {
             Poll::Pending => Poll::Pending,
         }
     }
-
-    /// [`poll_deadline`](Self::poll_deadline) out of line: a `Timeout` around a large future
-    /// (a server's response, which hyper's dispatcher polls in line) then carries a call here,
-    /// not this code between its caller's.
-    #[inline(never)]
-    fn poll_deadline_out_of_line(&mut self, cx: &mut Context<'_>) -> Poll<Elapsed> {
-        self.poll_deadline(cx)
-    }
 }
 
 /// The size (bytes) of a [`Timeout`]'s future above which its sleep is made
-/// ([`timeout`](crate::timeout())) and polled out of line: about where copying the future a
-/// few times, or carrying the sleep's code in the callers that poll it, costs more than a call.
+/// ([`timeout`](crate::timeout())) and the `Timeout` polled out of line: about where copying
+/// the future a few times, or carrying the sleep's code in the callers that poll it, costs more
+/// than a call. A large future's poll (a server's response, which hyper's dispatcher polls in
+/// line) moves its output through each layer of futures around it, the `Timeout`'s `Result`
+/// among them, on the stack of the function that polls: out of line, those copies live in a
+/// frame of their own, not in the caller's, whose other calls then run on a shallower stack.
 pub(crate) const LARGE_FUTURE: usize = 128;
 
 /// The panic of a sleep whose engine cannot keep a timer: see [`Sleep`].
@@ -826,11 +822,13 @@ impl<F> Timeout<F> {
     }
 }
 
-impl<F: Future> Future for Timeout<F> {
-    type Output = Result<F::Output, Elapsed>;
-
-    #[inline]
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+impl<F: Future> Timeout<F> {
+    /// [`poll`](Future::poll) (in line for a small future, see [`LARGE_FUTURE`]).
+    #[inline(always)]
+    fn poll_in_line(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<F::Output, Elapsed>> {
         // SAFETY: `future` is structurally pinned: it is never moved out of a pinned Timeout
         // (`get_mut` and `into_inner` need an unpinned one), and Timeout has no Drop impl that
         // could move it. `sleep` is `Unpin` and is not pinned.
@@ -840,10 +838,28 @@ impl<F: Future> Future for Timeout<F> {
         if let Poll::Ready(output) = future.poll(cx) {
             return Poll::Ready(Ok(output));
         }
+        this.sleep.poll_deadline(cx).map(Err)
+    }
+
+    /// [`poll`](Future::poll) out of line, for a large future (see [`LARGE_FUTURE`]).
+    #[inline(never)]
+    fn poll_out_of_line(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<F::Output, Elapsed>> {
+        self.poll_in_line(cx)
+    }
+}
+
+impl<F: Future> Future for Timeout<F> {
+    type Output = Result<F::Output, Elapsed>;
+
+    #[inline]
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if size_of::<F>() > LARGE_FUTURE {
-            this.sleep.poll_deadline_out_of_line(cx).map(Err)
+            self.poll_out_of_line(cx)
         } else {
-            this.sleep.poll_deadline(cx).map(Err)
+            self.poll_in_line(cx)
         }
     }
 }
