@@ -219,7 +219,9 @@ pub(crate) struct TickClock {
     /// Divides by `tick_nanos`.
     divisor: TickDivisor,
     /// For the system clock: `origin` in nanoseconds since the cycle clock's origin, so that
-    /// [`tick_after`](Self::tick_after) can read the cheap cycle clock.
+    /// [`tick_after`](Self::tick_after) can read the cheap cycle clock. [`ClockLine`] holds a
+    /// copy for sleeps; handles and shards read this one, on the line of the engine or shard
+    /// they read anyway.
     cycle_offset: Option<u64>,
     /// What every clone shares (the engine's and its shards'), on a line of its own.
     line: std::sync::Arc<crossbeam_utils::CachePadded<ClockLine>>,
