@@ -219,12 +219,14 @@ fn local_first() -> Local {
 #[track_caller]
 pub fn sleep_until(deadline: Instant) -> Sleep {
     let local = local();
-    Sleep::with(
-        Lease::forever(local.engine),
-        Deadline::At(deadline),
-        false,
-        local.keeps,
-    )
+    sleep_until_on(local.engine, local.keeps, deadline)
+}
+
+/// The default timer's sleep until `deadline`, from its engine and [`Timer::keeps_timers`]
+/// however the caller holds them (this thread's [`Local`], a `HyperTimer`).
+#[inline(always)]
+pub(crate) fn sleep_until_on(engine: Forever<Engine>, keeps: bool, deadline: Instant) -> Sleep {
+    Sleep::with(Lease::forever(engine), Deadline::At(deadline), false, keeps)
 }
 
 /// [`Timer::timeout`] on the default timer (`tokio::time::timeout`). Panics as [`sleep`] does.

@@ -1,9 +1,8 @@
 //! [`HyperTimer`]: hyper 1.x's timer (`hyper::rt::Timer`) on a shardwheel [`Timer`] (feature
 //! `hyper`).
 
-use crate::clock::Deadline;
 use crate::engine::Engine;
-use crate::engine::lease::{Forever, Lease};
+use crate::engine::lease::Forever;
 use crate::futures::Sleep;
 use crate::timer::Timer;
 use std::pin::Pin;
@@ -126,7 +125,7 @@ impl hyper::rt::Timer for HyperTimer {
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(match self.timer {
             Which::Default { engine, keeps, .. } => {
-                Sleep::with(Lease::forever(engine), Deadline::At(deadline), false, keeps)
+                crate::default_timer::sleep_until_on(engine, keeps, deadline)
             }
             Which::Given { ref timer, .. } => timer.sleep_until(deadline),
         })
