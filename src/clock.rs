@@ -230,10 +230,10 @@ pub(crate) struct TickClock {
 /// The line of a [`TickClock`] that every clone shares, and all that a `Sleep`'s calls at each
 /// request read of its engine: how far the engine's shards got, as far as a sleep needs to
 /// know that its timer has not fired without reading its slot
-/// (`futures::TimerSlot::surely_pending`), and copies of the clock's kind and cycle offset,
-/// which never change. A sleep on an engine that is never dropped holds a reference to it
-/// (`engine::lease::Lease`), so that its poll, its reset after a delay and its take of a kept
-/// timer read this line, not the engine's as well. The two progress fields only grow.
+/// (`futures::TimerSlot::surely_pending`), and copies of the clock's kind, cycle offset, tick
+/// length and origin, which never change. A sleep on an engine that is never dropped holds a
+/// reference to it (`engine::lease::Lease`), so that its poll, its resets and its take of a
+/// kept timer read this line, not the engine's as well. The two progress fields only grow.
 #[derive(Debug)]
 pub(crate) struct ClockLine {
     /// The latest tick [`now_tick`](TickClock::now_tick) read (by any clone: shards read it at
@@ -250,6 +250,10 @@ pub(crate) struct ClockLine {
     manual: bool,
     /// A copy of [`TickClock::cycle_offset`].
     cycle_offset: Option<u64>,
+    /// A copy of the tick's length in nanoseconds.
+    tick_nanos: u64,
+    /// A copy of the origin.
+    origin: Instant,
 }
 
 impl ClockLine {
@@ -265,6 +269,28 @@ impl ClockLine {
     #[inline]
     pub(crate) fn neither_reached_nor_swept(&self, tick: u64) -> bool {
         self.not_reached(tick) && !self.swept.load(Ordering::Relaxed)
+    }
+
+    /// [`TickClock::tick_no_later_than`] of a deadline `nanos` nanoseconds since the origin, in
+    /// a few instructions: `tick <= ceil(nanos / d)` is `(tick - 1) * d < nanos` (for a tick
+    /// above 0).
+    #[inline(always)]
+    pub(crate) fn tick_no_later_than_nanos(&self, tick: u64, nanos: u64) -> bool {
+        tick == 0
+            || (tick - 1)
+                .checked_mul(self.tick_nanos)
+                .is_some_and(|start| start < nanos)
+    }
+
+    /// `instant` in nanoseconds since the origin (0 before it); `None` beyond a u64 of them
+    /// (about 584 years).
+    #[inline(always)]
+    pub(crate) fn nanos_of(&self, instant: Instant) -> Option<u64> {
+        let since = instant.saturating_duration_since(self.origin);
+        since
+            .as_secs()
+            .checked_mul(1_000_000_000)?
+            .checked_add(u64::from(since.subsec_nanos()))
     }
 
     /// Whether the clock is manual ([`Clock::is_manual`]).
@@ -305,6 +331,8 @@ impl TickClock {
                 swept: Default::default(),
                 manual,
                 cycle_offset,
+                tick_nanos,
+                origin,
             })),
         }
     }
@@ -427,14 +455,11 @@ impl TickClock {
         }
     }
 
-    /// Whether `deadline` is at or before `than` (compared as they are when both have one form).
+    /// Whether a timer due at `tick` fires no later than one scheduled for `deadline` would: at
+    /// or before `deadline`'s tick ([`tick_of`](Self::tick_of)).
     #[inline]
-    pub(crate) fn no_later_than(&self, deadline: Deadline, than: Deadline) -> bool {
-        match (deadline, than) {
-            (Deadline::Nanos(deadline), Deadline::Nanos(than)) => deadline <= than,
-            (Deadline::At(deadline), Deadline::At(than)) => deadline <= than,
-            _ => self.instant_of(deadline) <= self.instant_of(than),
-        }
+    pub(crate) fn tick_no_later_than(&self, tick: u64, deadline: Deadline) -> bool {
+        tick <= self.tick_of(deadline)
     }
 
     /// The first tick at or after `deadline` ([`tick_at`](Self::tick_at) of its instant).
@@ -580,17 +605,6 @@ fn cycle_deadline_from(now: u64, offset: u64, delay: Duration) -> Option<Deadlin
     nanos_after(now.saturating_sub(offset), delay).map(Deadline::Nanos)
 }
 
-/// [`TickClock::no_later_than`] where `deadline` and `than` have one form, without a call;
-/// false where their forms differ.
-#[inline(always)]
-pub(crate) fn same_form_no_later_than(deadline: Deadline, than: Deadline) -> bool {
-    match (deadline, than) {
-        (Deadline::Nanos(deadline), Deadline::Nanos(than)) => deadline <= than,
-        (Deadline::At(deadline), Deadline::At(than)) => deadline <= than,
-        _ => false,
-    }
-}
-
 /// `delay` after `now`, both in nanoseconds since an origin; `None` beyond a u64 of them.
 #[inline]
 fn nanos_after(now: u64, delay: Duration) -> Option<u64> {
@@ -710,36 +724,38 @@ mod tests {
         }
     }
 
-    /// `no_later_than` of two deadlines, each in either form, agrees with their instants
-    /// (within representable time).
-    fn check_no_later_than(a: u64, b: u64) {
-        let clock = TickClock::new(Clock::system(), Duration::from_millis(1));
-        let forms = |nanos: u64| {
-            [
-                Deadline::Nanos(nanos),
-                Deadline::At(clock.instant_of(Deadline::Nanos(nanos))),
-            ]
-        };
-        for x in forms(a) {
-            for y in forms(b) {
-                assert_eq!(
-                    clock.no_later_than(x, y),
-                    clock.instant_of(x) <= clock.instant_of(y),
-                    "{x:?} {y:?}"
-                );
-            }
+    /// The line's `tick_no_later_than_nanos` agrees with `tick_no_later_than`, of a deadline in
+    /// either form.
+    fn check_tick_no_later_than(d: u64, tick: u64, nanos: u64) {
+        let clock = TickClock::new(Clock::system(), Duration::from_nanos(d));
+        assert_eq!(
+            clock.line().tick_no_later_than_nanos(tick, nanos),
+            clock.tick_no_later_than(tick, Deadline::Nanos(nanos)),
+            "d {d} tick {tick} nanos {nanos}"
+        );
+        // The same deadline as an instant, where its nanoseconds fit.
+        let instant = clock.instant_of(Deadline::Nanos(nanos));
+        if let Some(nanos) = clock.line().nanos_of(instant) {
+            assert_eq!(
+                clock.line().tick_no_later_than_nanos(tick, nanos),
+                clock.tick_no_later_than(tick, Deadline::At(instant)),
+                "d {d} tick {tick} {instant:?}"
+            );
         }
     }
 
     proptest! {
         #[test]
-        fn no_later_than_agrees_with_instants(
-            a in 0u64..1 << 62,
-            b in prop_oneof![0u64..1 << 62, Just(0u64)],
+        fn the_lines_tick_comparison_agrees(
+            d in prop_oneof![Just(1u64), Just(1_000_000u64), 1u64..2_000_000, any::<u64>()],
+            nanos in prop_oneof![0u64..1 << 62, any::<u64>(), Just(0u64), Just(u64::MAX)],
             near in -2i64..3,
+            tick in any::<u64>(),
         ) {
-            check_no_later_than(a, b);
-            check_no_later_than(a, a.saturating_add_signed(near));
+            let d = d.max(1);
+            check_tick_no_later_than(d, (nanos / d).saturating_add_signed(near), nanos);
+            check_tick_no_later_than(d, tick, nanos);
+            check_tick_no_later_than(d, 0, nanos);
         }
 
         #[test]

@@ -7,8 +7,9 @@
 //! (`Sleep::with`, `keep`: the default timer's free functions and
 //! `HyperTimer` on the default timer make them) instead leaves its timer
 //! pending when it is dropped, here, under the identity of the waker that timer wakes. The
-//! next keeping sleep that the same task polls on this thread, with a deadline at or after the
-//! kept timer's, takes it over: no timer armed, none taken back, no waker cloned or dropped.
+//! next keeping sleep that the same task polls on this thread, with a deadline whose tick is at
+//! or after the kept timer's, takes it over: no timer armed, none taken back, no waker cloned
+//! or dropped.
 //! If the timer fires first, it wakes the task once early, and the sleep that holds it then
 //! schedules one for its own deadline (the later deadline case of `Sleep::reset`); a kept
 //! timer nobody takes fires so, for nothing, or is let go of when its place is needed or the
@@ -33,7 +34,7 @@
 //! | a keeping sleep with a timer is dropped | its timer becomes the latest, pending or not (not read: the take reads it); the one it replaces is placed (next row) |
 //! | the latest is placed, its identity known | kept in its place, letting go of a timer there (the same task's) |
 //! | the same, its identity not known | noted in its place if that is free (the table grows if it can; at its largest, another's identity without a timer is noted over); the timer is let go of |
-//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity in the latest or its place, due at or before its deadline (on a manual clock, a deadline that has not passed: its shard turns only in `advance`) | taken over if still pending (known after the identity: see below), else let go of; a known identity stays known |
+//! | a keeping sleep's first poll (unarmed) finds its engine and its task's waker's identity in the latest or its place, due at a tick at or before its deadline's (on a manual clock, a deadline that has not passed: its shard turns only in `advance`) | taken over if still pending (known after the identity: see below), else let go of; a known identity stays known |
 //! | the table grows | every entry placed again; of two that meet, one with a timer stays, and the other's timer is let go of |
 //! | the thread exits | every one let go of |
 //!
@@ -50,7 +51,6 @@
 
 use super::{Sleep, TimerSlot, WakerIdentity};
 use crate::TimerState;
-use crate::clock::{Deadline, same_form_no_later_than};
 use crate::engine::Engine;
 use std::cell::{Cell, RefCell};
 use std::mem::ManuallyDrop;
@@ -60,14 +60,13 @@ const FIRST_PLACES: usize = 256;
 /// Places in a thread's table at most (a power of two): the most timers a thread keeps.
 const MAX_PLACES: usize = 4096;
 
-/// A kept timer as it is held: pending or fired (it is read when taken), due at `due`, waking
-/// the waker of the identity its place (or the latest's) holds. Copied, it lets nothing go:
-/// [`Kept`] does, when dropped.
+/// A kept timer as it is held: pending or fired (it is read when taken), due at its tick,
+/// waking the waker of the identity its place (or the latest's) holds. Copied, it lets nothing
+/// go: [`Kept`] does, when dropped.
 #[derive(Clone, Copy)]
 struct RawKept {
     engine: &'static Engine,
     timer: TimerSlot,
-    due: Deadline,
 }
 
 impl RawKept {
@@ -77,18 +76,19 @@ impl RawKept {
         RawKept {
             engine,
             timer: sleep.timer,
-            due: sleep.timer_due(),
         }
     }
 
     /// Whether a keeping sleep on `engine` may take it over (see [`take`]): its engine's, due
-    /// no later than the sleep's deadline, and still pending (known after the identities
-    /// matched: the kept timer's waker is alive, so it is the sleep's task's: see the module
-    /// documentation).
+    /// at a tick no later than the sleep's deadline's, and still pending (known after the
+    /// identities matched: the kept timer's waker is alive, so it is the sleep's task's: see
+    /// the module documentation).
     #[inline(always)]
     fn fits(&self, engine: &'static Engine, sleep: &Sleep) -> Fit {
         if !std::ptr::eq(self.engine, engine)
-            || !engine.clock.no_later_than(self.due, sleep.deadline)
+            || !engine
+                .clock
+                .tick_no_later_than(self.timer.tick, sleep.deadline)
         {
             return Fit::No;
         }
@@ -99,13 +99,13 @@ impl RawKept {
     }
 
     /// [`fits`](Self::fits)'s `Yes` where it is known in a few instructions: its engine's, due
-    /// no later than the sleep's deadline, both of one form (see [`same_form_no_later_than`]),
-    /// and surely pending (`TimerSlot::surely_pending`, on the line the sleep holds: the
-    /// engine is not read). False says nothing.
+    /// at a tick no later than the sleep's deadline's (`Sleep::tick_surely_no_later_than`), and
+    /// surely pending (`TimerSlot::surely_pending`): both on the line the sleep holds, the
+    /// engine not read. False says nothing.
     #[inline(always)]
     fn surely_fits(&self, engine: &'static Engine, sleep: &Sleep) -> bool {
         std::ptr::eq(self.engine, engine)
-            && same_form_no_later_than(self.due, sleep.deadline)
+            && sleep.tick_surely_no_later_than(self.timer.tick, sleep.deadline)
             && self.timer.surely_pending(sleep.engine.line())
     }
 
@@ -114,7 +114,6 @@ impl RawKept {
     fn arm(self, identity: WakerIdentity, sleep: &mut Sleep) {
         sleep.timer = self.timer;
         sleep.waker = identity;
-        sleep.timer_due = Some(self.due);
         sleep.armed = true;
     }
 
@@ -387,9 +386,9 @@ fn place(identity: WakerIdentity, kept: Kept) {
 }
 
 /// Arms `sleep` (unarmed, on `engine`, polled with a waker of `identity`) with the timer kept
-/// for `identity`, the latest or in its place, if there is one due at or before its deadline
-/// and still pending: taken out (a known identity stays known). One that is no longer pending
-/// is let go of. Whether it did.
+/// for `identity`, the latest or in its place, if there is one due at a tick at or before its
+/// deadline's and still pending: taken out (a known identity stays known). One that is no
+/// longer pending is let go of. Whether it did.
 ///
 /// The case of a loop, the latest its task's and surely fitting ([`RawKept::surely_fits`]), is
 /// [`take_latest`], in line in the sleep's poll; this function, out of line, is every case.

@@ -17,7 +17,7 @@
 //! which a request finds cold.
 
 use crate::TimerState;
-use crate::clock::{ClockLine, Deadline, same_form_no_later_than};
+use crate::clock::{ClockLine, Deadline};
 use crate::engine::Engine;
 use crate::engine::lease::Lease;
 use crate::engine::shared::ShardShared;
@@ -199,7 +199,7 @@ impl WakerIdentity {
 /// | state | poll | `reset(when)` | drop |
 /// |-------|------|---------------|------|
 /// | unarmed | a keeping sleep takes over a timer kept for this poll's task (`futures::kept`): armed; else deadline seen to pass: elapsed; else schedules a timer waking this poll's waker: armed | new deadline | nothing |
-/// | armed | timer fired: if the deadline moved past the timer's, unarmed, then as unarmed; else (or, on a manual clock, deadline passed) elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | at or after the timer's: new deadline only, the timer stays; before it: moves the timer in place (if it already fired: unarmed) | cancels the timer (a keeping sleep keeps it for its task's next one: see `futures::kept`) |
+/// | armed | timer fired: if the deadline's tick is past the timer's, unarmed, then as unarmed; else (or, on a manual clock, deadline passed) elapsed (the timer let go); a waker that will not wake the same task as the timer's: cancels the timer and schedules one for the new waker; else pending | a tick at or after the timer's: new deadline only, the timer stays; before it: moves the timer to the deadline's tick in place (if it already fired: unarmed) | cancels the timer (a keeping sleep keeps it for its task's next one: see `futures::kept`) |
 /// | elapsed | ready | unarmed, with the new deadline | nothing |
 ///
 /// A reset that moves the deadline later, the common case (an idle timeout pushed back at each
@@ -230,15 +230,16 @@ impl WakerIdentity {
 /// that is dropped while its timer is pending may leave that timer on its thread for its
 /// task's next such sleep, which then takes it over instead of scheduling one. A task that
 /// loops over timeouts (a connection's requests) so costs its engine about one timer per
-/// timeout's length, not one per timeout. The timer is due no later than the next sleep's
-/// deadline; if it fires before it, the task is woken once early, and that sleep schedules a
-/// timer for its own deadline (it never completes early). Beyond the thread's latest such
-/// drop, a timer is kept only for a task that has dropped such a sleep on that thread before; a
-/// bounded number per thread, each until it is taken over, displaced, fired or the thread
-/// exits. A kept timer counts as pending in the timer's [`stats`](crate::Timer::stats), and
-/// holds its task's waker (so the task's memory) as a pending timer does. A default timer
-/// built with a [`max_pending`](crate::Builder::max_pending) limit keeps none (a kept timer
-/// would hold a place of the limit that no sleep holds). The mechanism is described in
+/// timeout's length, not one per timeout. The timer is due at a tick no later than the next
+/// sleep's deadline's; if it fires before that, the task is woken once early, and that sleep
+/// schedules a timer for its own deadline (it never completes early). Beyond the thread's
+/// latest such drop, a timer is kept only for a task that has dropped such a sleep on that
+/// thread before; a bounded number per thread, each until it is taken over, displaced, fired
+/// or the thread exits. A kept timer counts as pending in the timer's
+/// [`stats`](crate::Timer::stats), and holds its task's waker (so the task's memory) as a
+/// pending timer does. A default timer built with a
+/// [`max_pending`](crate::Builder::max_pending) limit keeps none (a kept timer would hold a
+/// place of the limit that no sleep holds). The mechanism is described in
 /// `src/futures/kept.rs`.
 ///
 /// # When the engine cannot keep a timer
@@ -258,13 +259,12 @@ pub struct Sleep {
     deadline: Deadline,
     /// Whether a timer is scheduled: `timer` and `waker` mean something only then.
     armed: bool,
-    /// The armed sleep's timer.
+    /// The armed sleep's timer. Its tick is at or before the deadline's: before it if a reset
+    /// has moved the deadline later without the timer, or the timer is a kept one (see
+    /// [`timer_before_deadline`](Self::timer_before_deadline)).
     timer: TimerSlot,
     /// The waker its task wakes.
     waker: WakerIdentity,
-    /// When the armed timer is due, if a reset has moved `deadline` (later) without it, or the
-    /// timer was a kept one; `None`: the timer is due at `deadline`.
-    timer_due: Option<Deadline>,
     elapsed: bool,
     /// Dropped with a pending timer, it keeps the timer for its task's next sleep (see
     /// [`kept`]).
@@ -305,7 +305,6 @@ impl Sleep {
             armed: false,
             timer: TimerSlot::NONE,
             waker: WakerIdentity::NONE,
-            timer_due: None,
             elapsed,
             keep,
             uncounted_resets: 0,
@@ -313,7 +312,8 @@ impl Sleep {
     }
 
     /// A keeping sleep's first poll: takes over the timer kept for `waker`'s task on this
-    /// thread (see [`kept`]), if one is due at or before the deadline and still pending.
+    /// thread (see [`kept`]), if one is due at a tick at or before the deadline's and still
+    /// pending.
     fn take_kept(&mut self, waker: &Waker) -> bool {
         let Some(engine) = self.engine.as_forever() else {
             return false;
@@ -362,7 +362,7 @@ impl Sleep {
         self.elapsed
             || (self.armed
                 && self.timer.state(&self.engine) == TimerState::Expired
-                && (self.timer_due.is_none()
+                && (!self.timer_before_deadline()
                     || self
                         .engine
                         .clock
@@ -380,22 +380,66 @@ impl Sleep {
         self.get_mut().reset_to(Deadline::At(deadline));
     }
 
-    /// [`reset`](Self::reset) to `deadline` in either form: compared with the timer's due
-    /// deadline as [`TickClock::no_later_than`](crate::clock::TickClock::no_later_than)
-    /// compares them (two cycle-clock deadlines without instant arithmetic). The new deadline
-    /// is stored first, from registers, and the cold case reads it from there (why: see
+    /// [`reset`](Self::reset) to `deadline` in either form. The new deadline is stored first,
+    /// from registers, and the cold case reads it from there (why: see
     /// `TickClock::cycle_deadline`).
     #[inline(always)]
     fn reset_to(&mut self, deadline: Deadline) {
         if self.reset_to_in_line(deadline) {
             return;
         }
-        // Armed: a deadline of the other form than the timer's, the count full, or earlier.
         self.elapsed = false;
-        let due = self.timer_due();
         self.deadline = deadline;
-        if self.engine.clock.no_later_than(due, deadline) {
-            self.timer_due = Some(due);
+        self.reset_armed_past_in_line();
+    }
+
+    /// [`reset_to`](Self::reset_to)'s cases that need no call: an unarmed sleep, and a
+    /// deadline whose tick is at or after the timer's
+    /// ([`tick_surely_no_later_than`](Self::tick_surely_no_later_than)), with room in the
+    /// count of resets. The timer then stays: the poll after it fires schedules one for the
+    /// new deadline (see "How it works"). Whether it reset; if not, nothing changed.
+    #[inline(always)]
+    fn reset_to_in_line(&mut self, deadline: Deadline) -> bool {
+        if self.armed {
+            let Some(uncounted) = self.uncounted_resets.checked_add(1) else {
+                return false;
+            };
+            if !self.tick_surely_no_later_than(self.timer.tick, deadline) {
+                return false;
+            }
+            self.uncounted_resets = uncounted;
+        }
+        self.elapsed = false;
+        self.deadline = deadline;
+        true
+    }
+
+    /// Whether a timer due at `tick` fires no later than one for `deadline` would (its tick is
+    /// at or before `deadline`'s), known in a few instructions on the engine's line (see
+    /// [`ClockLine::tick_no_later_than_nanos`]); false says nothing for an instant beyond
+    /// about 584 years.
+    #[inline(always)]
+    fn tick_surely_no_later_than(&self, tick: u64, deadline: Deadline) -> bool {
+        let line = self.engine.line();
+        match deadline {
+            Deadline::Nanos(nanos) => line.tick_no_later_than_nanos(tick, nanos),
+            Deadline::At(instant) => line
+                .nanos_of(instant)
+                .is_some_and(|nanos| line.tick_no_later_than_nanos(tick, nanos)),
+        }
+    }
+
+    /// [`reset_to`](Self::reset_to) of an armed sleep past its in-line case (the count full,
+    /// a deadline whose tick is before the timer's, or an instant beyond representable time),
+    /// the new deadline stored: the timer stays if its tick is at or before the deadline's,
+    /// else it moves.
+    #[inline(never)]
+    fn reset_armed_past_in_line(&mut self) {
+        if self
+            .engine
+            .clock
+            .tick_no_later_than(self.timer.tick, self.deadline)
+        {
             match self.uncounted_resets.checked_add(1) {
                 Some(uncounted) => self.uncounted_resets = uncounted,
                 None => self.count_resets_now(1),
@@ -403,28 +447,6 @@ impl Sleep {
         } else {
             self.move_timer_to_deadline();
         }
-    }
-
-    /// [`reset_to`](Self::reset_to)'s cases that need no call: an unarmed sleep, and a
-    /// deadline at or after the timer's, of its form ([`same_form_no_later_than`]), with room
-    /// in the count of resets. The timer then stays: the poll after it fires schedules one for
-    /// the new deadline (see "How it works"). Whether it reset; if not, nothing changed.
-    #[inline(always)]
-    fn reset_to_in_line(&mut self, deadline: Deadline) -> bool {
-        if self.armed {
-            let due = self.timer_due();
-            let Some(uncounted) = self.uncounted_resets.checked_add(1) else {
-                return false;
-            };
-            if !same_form_no_later_than(due, deadline) {
-                return false;
-            }
-            self.timer_due = Some(due);
-            self.uncounted_resets = uncounted;
-        }
-        self.elapsed = false;
-        self.deadline = deadline;
-        true
     }
 
     /// [`reset`](Self::reset) to `delay` from now, reading the clock as [`sleep`](crate::sleep)
@@ -467,9 +489,11 @@ impl Sleep {
         self.reset_to(deadline);
     }
 
-    /// When the armed timer is due.
-    fn timer_due(&self) -> Deadline {
-        self.timer_due.unwrap_or(self.deadline)
+    /// Whether the armed timer's tick is before the deadline's: it fires early (a reset moved
+    /// the deadline later without it, or it was a kept one), and the sleep then schedules one
+    /// for its deadline.
+    fn timer_before_deadline(&self) -> bool {
+        self.timer.tick < self.engine.clock.tick_of(self.deadline)
     }
 
     /// The drop of an armed sleep: its timer kept for its task's next sleep (see [`kept`]), or
@@ -532,16 +556,14 @@ impl Sleep {
         self.timer.count_resets(&self.engine, count);
     }
 
-    /// [`reset`](Self::reset) of an armed sleep to a deadline (already stored) before its
-    /// timer's: the timer moves to it in place, unless it has fired (or shutdown cancelled it):
-    /// then the next poll schedules anew.
+    /// [`reset`](Self::reset) of an armed sleep to a deadline (already stored) whose tick is
+    /// before its timer's: the timer moves to the deadline's tick in place, unless it has fired
+    /// (or shutdown cancelled it): then the next poll schedules anew.
     #[cold]
     #[inline(never)]
     fn move_timer_to_deadline(&mut self) {
         let instant = self.engine.clock.instant_of(self.deadline);
-        if self.timer.reset_at(&self.engine, instant) {
-            self.timer_due = None;
-        } else {
+        if !self.timer.reset_at(&self.engine, instant) {
             self.let_go_of_timer();
         }
     }
@@ -578,7 +600,6 @@ impl Sleep {
                 }
                 self.timer = timer;
                 self.waker = identity;
-                self.timer_due = None;
                 self.armed = true;
                 Poll::Pending
             }
@@ -638,9 +659,9 @@ impl Sleep {
         {
             return done;
         }
-        // A kept timer is due at or before the deadline: if that has passed, so has the
-        // timer's, which then fires at its shard's next turn (and is not pending at all if the
-        // shard has seen its tick), as a timer armed now would. But a manual clock's shard turns
+        // A kept timer is due at a tick at or before the deadline's: it fires no later than a
+        // timer armed now would (at its shard's next turn if that tick has passed, and it is
+        // not pending at all if the shard has seen its tick). But a manual clock's shard turns
         // only in `advance`, which may never come: there a passed deadline completes first.
         if self.keep && !self.passed_on_manual_clock() && self.take_kept(cx.waker()) {
             return Poll::Pending;
@@ -682,8 +703,9 @@ impl Sleep {
             state = timer.state(engine);
         }
         match state {
-            // It fired for the deadline before a reset moved it later.
-            TimerState::Expired if self.timer_due.is_some() => {
+            // It fired early: for the deadline before a reset moved it later, or it was a kept
+            // one, due earlier.
+            TimerState::Expired if self.timer_before_deadline() => {
                 self.let_go_of_timer();
                 None
             }
