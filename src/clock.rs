@@ -271,26 +271,26 @@ impl ClockLine {
         self.not_reached(tick) && !self.swept.load(Ordering::Relaxed)
     }
 
-    /// [`TickClock::tick_no_later_than`] of a deadline `nanos` nanoseconds since the origin, in
-    /// a few instructions: `tick <= ceil(nanos / d)` is `(tick - 1) * d < nanos` (for a tick
-    /// above 0).
+    /// [`TickClock::tick_no_later_than`] where it is known in a few instructions on this line:
+    /// always but for an instant beyond about 584 years from the origin (false there says
+    /// nothing).
     #[inline(always)]
-    pub(crate) fn tick_no_later_than_nanos(&self, tick: u64, nanos: u64) -> bool {
+    pub(crate) fn surely_tick_no_later_than(&self, tick: u64, deadline: Deadline) -> bool {
+        match deadline {
+            Deadline::Nanos(nanos) => self.tick_no_later_than_nanos(tick, nanos),
+            Deadline::At(instant) => nanos_since(self.origin, instant)
+                .is_some_and(|nanos| self.tick_no_later_than_nanos(tick, nanos)),
+        }
+    }
+
+    /// [`TickClock::tick_no_later_than`] of a deadline `nanos` nanoseconds since the origin:
+    /// `tick <= ceil(nanos / d)` is `(tick - 1) * d < nanos` (for a tick above 0).
+    #[inline(always)]
+    fn tick_no_later_than_nanos(&self, tick: u64, nanos: u64) -> bool {
         tick == 0
             || (tick - 1)
                 .checked_mul(self.tick_nanos)
                 .is_some_and(|start| start < nanos)
-    }
-
-    /// `instant` in nanoseconds since the origin (0 before it); `None` beyond a u64 of them
-    /// (about 584 years).
-    #[inline(always)]
-    pub(crate) fn nanos_of(&self, instant: Instant) -> Option<u64> {
-        let since = instant.saturating_duration_since(self.origin);
-        since
-            .as_secs()
-            .checked_mul(1_000_000_000)?
-            .checked_add(u64::from(since.subsec_nanos()))
     }
 
     /// Whether the clock is manual ([`Clock::is_manual`]).
@@ -349,13 +349,7 @@ impl TickClock {
 
     /// Nanoseconds since the origin.
     pub(crate) fn now_nanos(&self) -> u64 {
-        u64::try_from(
-            self.clock
-                .now()
-                .saturating_duration_since(self.origin)
-                .as_nanos(),
-        )
-        .map_or(LAST_NANOS, |nanos| nanos.min(LAST_NANOS))
+        nanos_since(self.origin, self.clock.now()).map_or(LAST_NANOS, |nanos| nanos.min(LAST_NANOS))
     }
 
     /// The current tick: the number of whole ticks since the origin. A timer whose deadline
@@ -474,15 +468,9 @@ impl TickClock {
     /// The first tick at or after `instant` (0 for an instant before the origin).
     #[inline]
     pub(crate) fn tick_at(&self, instant: Instant) -> u64 {
-        let since = instant.saturating_duration_since(self.origin);
-        // Within about 584 years of the origin the nanoseconds fit a u64.
-        match since
-            .as_secs()
-            .checked_mul(1_000_000_000)
-            .and_then(|nanos| nanos.checked_add(u64::from(since.subsec_nanos())))
-        {
+        match nanos_since(self.origin, instant) {
             Some(nanos) => self.tick_at_nanos(nanos),
-            None => self.tick_at_far(since),
+            None => self.tick_at_far(instant.saturating_duration_since(self.origin)),
         }
     }
 
@@ -495,13 +483,10 @@ impl TickClock {
     pub(crate) fn tick_if_ahead(&self, deadline: Instant) -> Option<u64> {
         if let Some(offset) = self.cycle_offset
             && let Some(now) = crate::cycle_clock::now_nanos()
+            && let Some(nanos) = nanos_since(self.origin, deadline)
+            && now.saturating_sub(offset) < nanos
         {
-            let since = deadline.saturating_duration_since(self.origin);
-            if let Ok(nanos) = u64::try_from(since.as_nanos())
-                && now.saturating_sub(offset) < nanos
-            {
-                return Some(self.tick_at_nanos(nanos));
-            }
+            return Some(self.tick_at_nanos(nanos));
         }
         (self.clock.now() < deadline).then(|| self.tick_at(deadline))
     }
@@ -603,6 +588,17 @@ pub(crate) fn cycle_deadline_after_unless_refresh(
 #[inline(always)]
 fn cycle_deadline_from(now: u64, offset: u64, delay: Duration) -> Option<Deadline> {
     nanos_after(now.saturating_sub(offset), delay).map(Deadline::Nanos)
+}
+
+/// `instant` in nanoseconds since `origin` (0 before it); `None` beyond a u64 of them (about
+/// 584 years).
+#[inline(always)]
+fn nanos_since(origin: Instant, instant: Instant) -> Option<u64> {
+    let since = instant.saturating_duration_since(origin);
+    since
+        .as_secs()
+        .checked_mul(1_000_000_000)?
+        .checked_add(u64::from(since.subsec_nanos()))
 }
 
 /// `delay` after `now`, both in nanoseconds since an origin; `None` beyond a u64 of them.
@@ -724,20 +720,24 @@ mod tests {
         }
     }
 
-    /// The line's `tick_no_later_than_nanos` agrees with `tick_no_later_than`, of a deadline in
-    /// either form.
+    /// The line's `surely_tick_no_later_than` agrees with `tick_no_later_than`, of a deadline
+    /// in either form (an instant where its nanoseconds fit a u64).
     fn check_tick_no_later_than(d: u64, tick: u64, nanos: u64) {
         let clock = TickClock::new(Clock::system(), Duration::from_nanos(d));
         assert_eq!(
-            clock.line().tick_no_later_than_nanos(tick, nanos),
+            clock
+                .line()
+                .surely_tick_no_later_than(tick, Deadline::Nanos(nanos)),
             clock.tick_no_later_than(tick, Deadline::Nanos(nanos)),
             "d {d} tick {tick} nanos {nanos}"
         );
         // The same deadline as an instant, where its nanoseconds fit.
         let instant = clock.instant_of(Deadline::Nanos(nanos));
-        if let Some(nanos) = clock.line().nanos_of(instant) {
+        if nanos_since(clock.origin, instant).is_some() {
             assert_eq!(
-                clock.line().tick_no_later_than_nanos(tick, nanos),
+                clock
+                    .line()
+                    .surely_tick_no_later_than(tick, Deadline::At(instant)),
                 clock.tick_no_later_than(tick, Deadline::At(instant)),
                 "d {d} tick {tick} {instant:?}"
             );

@@ -99,14 +99,15 @@ impl RawKept {
     }
 
     /// [`fits`](Self::fits)'s `Yes` where it is known in a few instructions: its engine's, due
-    /// at a tick no later than the sleep's deadline's (`Sleep::tick_surely_no_later_than`), and
-    /// surely pending (`TimerSlot::surely_pending`): both on the line the sleep holds, the
+    /// at a tick no later than the sleep's deadline's (`ClockLine::surely_tick_no_later_than`),
+    /// and surely pending (`TimerSlot::surely_pending`): both on the line the sleep holds, the
     /// engine not read. False says nothing.
     #[inline(always)]
     fn surely_fits(&self, engine: &'static Engine, sleep: &Sleep) -> bool {
+        let line = sleep.engine.line();
         std::ptr::eq(self.engine, engine)
-            && sleep.tick_surely_no_later_than(self.timer.tick, sleep.deadline)
-            && self.timer.surely_pending(sleep.engine.line())
+            && line.surely_tick_no_later_than(self.timer.tick, sleep.deadline)
+            && self.timer.surely_pending(line)
     }
 
     /// Arms `sleep` (unarmed) with it, for the task of `identity`.

@@ -395,7 +395,7 @@ impl Sleep {
 
     /// [`reset_to`](Self::reset_to)'s cases that need no call: an unarmed sleep, and a
     /// deadline whose tick is at or after the timer's
-    /// ([`tick_surely_no_later_than`](Self::tick_surely_no_later_than)), with room in the
+    /// ([`ClockLine::surely_tick_no_later_than`]), with room in the
     /// count of resets. The timer then stays: the poll after it fires schedules one for the
     /// new deadline (see "How it works"). Whether it reset; if not, nothing changed.
     #[inline(always)]
@@ -404,7 +404,11 @@ impl Sleep {
             let Some(uncounted) = self.uncounted_resets.checked_add(1) else {
                 return false;
             };
-            if !self.tick_surely_no_later_than(self.timer.tick, deadline) {
+            if !self
+                .engine
+                .line()
+                .surely_tick_no_later_than(self.timer.tick, deadline)
+            {
                 return false;
             }
             self.uncounted_resets = uncounted;
@@ -412,21 +416,6 @@ impl Sleep {
         self.elapsed = false;
         self.deadline = deadline;
         true
-    }
-
-    /// Whether a timer due at `tick` fires no later than one for `deadline` would (its tick is
-    /// at or before `deadline`'s), known in a few instructions on the engine's line (see
-    /// [`ClockLine::tick_no_later_than_nanos`]); false says nothing for an instant beyond
-    /// about 584 years.
-    #[inline(always)]
-    fn tick_surely_no_later_than(&self, tick: u64, deadline: Deadline) -> bool {
-        let line = self.engine.line();
-        match deadline {
-            Deadline::Nanos(nanos) => line.tick_no_later_than_nanos(tick, nanos),
-            Deadline::At(instant) => line
-                .nanos_of(instant)
-                .is_some_and(|nanos| line.tick_no_later_than_nanos(tick, nanos)),
-        }
     }
 
     /// [`reset_to`](Self::reset_to) of an armed sleep past its in-line case (the count full,
