@@ -231,9 +231,15 @@ fn run_loop<F: Flavor>(
                 while !stop.load(Ordering::Relaxed) {
                     iteration += 1;
                     let in_time = if iteration.is_multiple_of(READY_EVERY) {
-                        flavor.timeout(TIMEOUT, std::future::ready(())).await.is_ok()
+                        flavor
+                            .timeout(TIMEOUT, std::future::ready(()))
+                            .await
+                            .is_ok()
                     } else {
-                        flavor.timeout(TIMEOUT, tokio::task::yield_now()).await.is_ok()
+                        flavor
+                            .timeout(TIMEOUT, tokio::task::yield_now())
+                            .await
+                            .is_ok()
                     };
                     if in_time {
                         completed += 1;
