@@ -112,12 +112,12 @@ impl Flavor for NoTimerFlavor {
     }
 
     #[inline]
-    fn timeout<F: Future + Send>(
+    async fn timeout<F: Future + Send>(
         &self,
         _delay: Duration,
         future: F,
-    ) -> impl Future<Output = Result<F::Output, impl Sized>> + Send {
-        async move { Ok::<_, std::convert::Infallible>(future.await) }
+    ) -> Result<F::Output, impl Sized> {
+        Ok::<_, std::convert::Infallible>(future.await)
     }
 }
 
