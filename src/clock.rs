@@ -724,22 +724,14 @@ mod tests {
     /// in either form (an instant where its nanoseconds fit a u64).
     fn check_tick_no_later_than(d: u64, tick: u64, nanos: u64) {
         let clock = TickClock::new(Clock::system(), Duration::from_nanos(d));
-        assert_eq!(
-            clock
-                .line()
-                .surely_tick_no_later_than(tick, Deadline::Nanos(nanos)),
-            clock.tick_no_later_than(tick, Deadline::Nanos(nanos)),
-            "d {d} tick {tick} nanos {nanos}"
-        );
         // The same deadline as an instant, where its nanoseconds fit.
         let instant = clock.instant_of(Deadline::Nanos(nanos));
-        if nanos_since(clock.origin, instant).is_some() {
+        let as_instant = nanos_since(clock.origin, instant).map(|_| Deadline::At(instant));
+        for deadline in std::iter::once(Deadline::Nanos(nanos)).chain(as_instant) {
             assert_eq!(
-                clock
-                    .line()
-                    .surely_tick_no_later_than(tick, Deadline::At(instant)),
-                clock.tick_no_later_than(tick, Deadline::At(instant)),
-                "d {d} tick {tick} {instant:?}"
+                clock.line().surely_tick_no_later_than(tick, deadline),
+                clock.tick_no_later_than(tick, deadline),
+                "d {d} tick {tick} {deadline:?}"
             );
         }
     }
