@@ -51,6 +51,7 @@
 
 use super::{Sleep, TimerSlot, WakerIdentity};
 use crate::TimerState;
+use crate::clock::Deadline;
 use crate::engine::Engine;
 use std::cell::{Cell, RefCell};
 use std::mem::ManuallyDrop;
@@ -67,6 +68,10 @@ const MAX_PLACES: usize = 4096;
 struct RawKept {
     engine: &'static Engine,
     timer: TimerSlot,
+    /// The deadline of the sleep that kept it, at whose tick or before the timer is due (as an
+    /// armed sleep's timer is): a sleep whose deadline is surely no earlier
+    /// (`Deadline::surely_no_later_than`) may take it without its deadline's tick computed.
+    bound: Deadline,
 }
 
 impl RawKept {
@@ -76,6 +81,7 @@ impl RawKept {
         RawKept {
             engine,
             timer: sleep.timer,
+            bound: sleep.deadline,
         }
     }
 
@@ -86,9 +92,10 @@ impl RawKept {
     #[inline(always)]
     fn fits(&self, engine: &'static Engine, sleep: &Sleep) -> Fit {
         if !std::ptr::eq(self.engine, engine)
-            || !engine
-                .clock
-                .tick_no_later_than(self.timer.tick, sleep.deadline)
+            || !self.bound.surely_no_later_than(sleep.deadline)
+                && !engine
+                    .clock
+                    .tick_no_later_than(self.timer.tick, sleep.deadline)
         {
             return Fit::No;
         }
@@ -99,14 +106,16 @@ impl RawKept {
     }
 
     /// [`fits`](Self::fits)'s `Yes` where it is known in a few instructions: its engine's, due
-    /// at a tick no later than the sleep's deadline's (`ClockLine::surely_tick_no_later_than`),
-    /// and surely pending (`TimerSlot::surely_pending`): both on the line the sleep holds, the
-    /// engine not read. False says nothing.
+    /// at a tick no later than the sleep's deadline's (its bound's, or
+    /// `ClockLine::surely_tick_no_later_than`), and surely pending
+    /// (`TimerSlot::surely_pending`): both on the line the sleep holds, the engine not read.
+    /// False says nothing.
     #[inline(always)]
     fn surely_fits(&self, engine: &'static Engine, sleep: &Sleep) -> bool {
         let line = sleep.engine.line();
         std::ptr::eq(self.engine, engine)
-            && line.surely_tick_no_later_than(self.timer.tick, sleep.deadline)
+            && (self.bound.surely_no_later_than(sleep.deadline)
+                || line.surely_tick_no_later_than(self.timer.tick, sleep.deadline))
             && self.timer.surely_pending(line)
     }
 
@@ -849,6 +858,87 @@ mod tests {
         );
         end_tx.send(()).expect("send");
         other_thread.join().expect("join");
+    }
+
+    /// A deadline `after` from now, nanoseconds since the clock's origin (the form the cycle
+    /// clock makes) if `nanos`, else an instant.
+    fn deadline_after(timer: &'static Timer, after: Duration, nanos: bool) -> Deadline {
+        if nanos {
+            let now = timer.static_engine().clock.now_nanos();
+            Deadline::Nanos(now + u64::try_from(after.as_nanos()).expect("a short delay"))
+        } else {
+            Deadline::At(timer.clock().now() + after)
+        }
+    }
+
+    /// One step of a task's loop over sleeps: a deadline (milliseconds, nanoseconds form or
+    /// not), perhaps reset once after the first poll (to milliseconds from then, either form),
+    /// and the milliseconds the clock then advances before the sleep is dropped.
+    type Step = (u64, bool, Option<(u64, bool)>, u64);
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// A task's sleeps, each taking over the timer its predecessor kept where the kept
+        /// timer is due no later (found by the deadlines' comparison where both have one form,
+        /// else by their ticks), deadlines moved earlier and later: each is woken when ready,
+        /// never completes before its deadline, and completes once its deadline's tick has
+        /// come; no timer is left behind.
+        #[test]
+        fn sleeps_taking_kept_timers_complete_at_their_deadlines(
+            steps in proptest::collection::vec(
+                (
+                    0u64..40,
+                    proptest::bool::ANY,
+                    proptest::option::of((0u64..40, proptest::bool::ANY)),
+                    0u64..50,
+                ),
+                1..30,
+            )
+        ) {
+            let (clock, timer) = lasting_timer();
+            let engine = timer.static_engine();
+            let (woken, waker) = task();
+            make_known(timer, &waker);
+            for (after, nanos, reset, advance) in steps as Vec<Step> {
+                let mut sleep = Sleep::with(
+                    timer.static_engine_ref(),
+                    deadline_after(timer, ms(after), nanos),
+                    false,
+                    true,
+                );
+                let mut done = poll(&mut sleep, &waker).is_ready();
+                if let Some((after, nanos)) = reset
+                    && !done
+                {
+                    sleep.reset_to(deadline_after(timer, ms(after), nanos));
+                    done = poll(&mut sleep, &waker).is_ready();
+                }
+                let deadline = engine.clock.instant_of(sleep.deadline);
+                let due = engine
+                    .clock
+                    .instant_of_tick(engine.clock.tick_of(sleep.deadline))
+                    .expect("a near tick");
+                proptest::prop_assert!(!done || clock.now() >= deadline, "early");
+                for _ in 0..advance {
+                    if done {
+                        break;
+                    }
+                    let wakes = woken.0.load(Ordering::SeqCst);
+                    clock.advance(ms(1));
+                    let ready = poll(&mut sleep, &waker).is_ready();
+                    let woke = woken.0.load(Ordering::SeqCst) > wakes;
+                    proptest::prop_assert!(!ready || woke, "ready without a wake-up");
+                    proptest::prop_assert!(!ready || clock.now() >= deadline, "early");
+                    proptest::prop_assert!(ready || clock.now() < due, "late");
+                    done = ready;
+                }
+                drop(sleep);
+            }
+            super::let_go_of_all();
+            let stats = timer.stats();
+            proptest::prop_assert_eq!(stats.pending, 0, "{:?}", stats);
+        }
     }
 
     /// A thread's table grows to hold the timers of many tasks that loop over sleeps; at its
