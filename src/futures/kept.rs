@@ -877,7 +877,7 @@ mod tests {
     type Step = (u64, bool, Option<(u64, bool)>, u64);
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
         /// A task's sleeps, each taking over the timer its predecessor kept where the kept
         /// timer is due no later (found by the deadlines' comparison where both have one form,

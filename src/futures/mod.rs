@@ -396,8 +396,9 @@ impl Sleep {
     /// [`reset_to`](Self::reset_to)'s cases that need no call: an unarmed sleep, and a
     /// deadline whose tick is at or after the timer's (a deadline surely no earlier than the
     /// current one, `Deadline::surely_no_later_than`, or
-    /// [`ClockLine::surely_tick_no_later_than`]), with room in the count of resets. The timer then stays: the poll after it fires schedules one for the
-    /// new deadline (see "How it works"). Whether it reset; if not, nothing changed.
+    /// [`ClockLine::surely_tick_no_later_than`]), with room in the count of resets. The timer
+    /// then stays: the poll after it fires schedules one for the new deadline (see "How it
+    /// works"). Whether it reset; if not, nothing changed.
     #[inline(always)]
     fn reset_to_in_line(&mut self, deadline: Deadline) -> bool {
         if self.armed {
