@@ -92,10 +92,10 @@ impl RawKept {
     #[inline(always)]
     fn fits(&self, engine: &'static Engine, sleep: &Sleep) -> Fit {
         if !std::ptr::eq(self.engine, engine)
-            || !self.bound.surely_no_later_than(sleep.deadline)
-                && !engine
+            || !(self.bound.surely_no_later_than(sleep.deadline)
+                || engine
                     .clock
-                    .tick_no_later_than(self.timer.tick, sleep.deadline)
+                    .tick_no_later_than(self.timer.tick, sleep.deadline))
         {
             return Fit::No;
         }
@@ -106,8 +106,8 @@ impl RawKept {
     }
 
     /// [`fits`](Self::fits)'s `Yes` where it is known in a few instructions: its engine's, due
-    /// at a tick no later than the sleep's deadline's (its bound's, or
-    /// `ClockLine::surely_tick_no_later_than`), and surely pending
+    /// at a tick no later than the sleep's deadline's (its bound no later than that deadline,
+    /// or `ClockLine::surely_tick_no_later_than`), and surely pending
     /// (`TimerSlot::surely_pending`): both on the line the sleep holds, the engine not read.
     /// False says nothing.
     #[inline(always)]
