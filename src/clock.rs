@@ -299,6 +299,16 @@ impl ClockLine {
         }
     }
 
+    /// Whether a timer due at `tick`, at or before the tick of `bound` (an armed sleep's
+    /// deadline, or the deadline of the sleep that kept the timer), surely fires no later than
+    /// one for `deadline` would: `bound` surely no later than `deadline`
+    /// ([`Deadline::surely_no_later_than`], no tick computed), else
+    /// [`surely_tick_no_later_than`](Self::surely_tick_no_later_than). False says nothing.
+    #[inline(always)]
+    pub(crate) fn surely_due_by(&self, tick: u64, bound: Deadline, deadline: Deadline) -> bool {
+        bound.surely_no_later_than(deadline) || self.surely_tick_no_later_than(tick, deadline)
+    }
+
     /// [`TickClock::tick_no_later_than`] of a deadline `nanos` nanoseconds since the origin:
     /// `tick <= ceil(nanos / d)` is `(tick - 1) * d < nanos` (for a tick above 0).
     #[inline(always)]

@@ -106,16 +106,14 @@ impl RawKept {
     }
 
     /// [`fits`](Self::fits)'s `Yes` where it is known in a few instructions: its engine's, due
-    /// at a tick no later than the sleep's deadline's (its bound no later than that deadline,
-    /// or `ClockLine::surely_tick_no_later_than`), and surely pending
-    /// (`TimerSlot::surely_pending`): both on the line the sleep holds, the engine not read.
-    /// False says nothing.
+    /// at a tick no later than the sleep's deadline's (`ClockLine::surely_due_by`, given its
+    /// bound), and surely pending (`TimerSlot::surely_pending`): both on the line the sleep
+    /// holds, the engine not read. False says nothing.
     #[inline(always)]
     fn surely_fits(&self, engine: &'static Engine, sleep: &Sleep) -> bool {
         let line = sleep.engine.line();
         std::ptr::eq(self.engine, engine)
-            && (self.bound.surely_no_later_than(sleep.deadline)
-                || line.surely_tick_no_later_than(self.timer.tick, sleep.deadline))
+            && line.surely_due_by(self.timer.tick, self.bound, sleep.deadline)
             && self.timer.surely_pending(line)
     }
 

@@ -394,25 +394,21 @@ impl Sleep {
     }
 
     /// [`reset_to`](Self::reset_to)'s cases that need no call: an unarmed sleep, and a
-    /// deadline whose tick is at or after the timer's (a deadline surely no earlier than the
-    /// current one, `Deadline::surely_no_later_than`, or
-    /// [`ClockLine::surely_tick_no_later_than`]), with room in the count of resets. The timer
-    /// then stays: the poll after it fires schedules one for the new deadline (see "How it
-    /// works"). Whether it reset; if not, nothing changed.
+    /// deadline whose tick is at or after the timer's ([`ClockLine::surely_due_by`], the
+    /// current deadline the bound), with room in the count of resets. The timer then stays:
+    /// the poll after it fires schedules one for the new deadline (see "How it works").
+    /// Whether it reset; if not, nothing changed.
     #[inline(always)]
     fn reset_to_in_line(&mut self, deadline: Deadline) -> bool {
         if self.armed {
             let Some(uncounted) = self.uncounted_resets.checked_add(1) else {
                 return false;
             };
-            // The timer's tick is at or before the current deadline's (see `timer`): a
-            // deadline no earlier is known without its tick, the common case of a timeout
-            // pushed back.
-            if !self.deadline.surely_no_later_than(deadline)
-                && !self
-                    .engine
-                    .line()
-                    .surely_tick_no_later_than(self.timer.tick, deadline)
+            // The timer's tick is at or before the current deadline's (see `timer`).
+            if !self
+                .engine
+                .line()
+                .surely_due_by(self.timer.tick, self.deadline, deadline)
             {
                 return false;
             }
